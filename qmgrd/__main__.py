@@ -1,0 +1,5 @@
+"""Allow ``python -m qmgrd``."""
+
+from qmgrd.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""The contract between the engine and delivery agents (DESIGN §6).
+
+An agent takes one entry (a batch of recipients of one message for one
+destination) and returns a result; it never raises for remote problems.
+The engine, not the agent, writes done marks and defer/bounce reasons
+(DESIGN §9), so the result carries everything the engine needs:
+
+- a status per recipient (sent / deferred / bounced, DSN code, reply text);
+- a hop status, set only when the *destination* failed (no address could be
+  connected, greeting not 2xx, EHLO refused, required TLS failed, connection
+  lost or timed out before the transaction completed). A hop status is
+  negative concurrency feedback; its absence is positive feedback, even when
+  every recipient was deferred by a 4xx reply (notes §8, §10.4).
+
+Content is streamed from the queue file: ``ContentSource`` names the byte
+range of the message content inside it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Outcome(enum.Enum):
+    """What happened to one recipient in one delivery attempt."""
+
+    SENT = "sent"
+    DEFERRED = "deferred"
+    BOUNCED = "bounced"
+
+
+class ContentSource(Protocol):
+    """Where an agent reads the message content (headers + body, as received)."""
+
+    @property
+    def size(self) -> int:
+        """Content size in bytes (for the SIZE= parameter)."""
+        ...
+
+    def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        """Yield the raw content bytes in order, reading the queue file off the loop."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Recipient:
+    """A recipient as handed to an agent: its address and where its record lives."""
+
+    address: str
+    offset: int  # file offset of its R record, for the done mark
+    orcpt: str | None = None  # DSN ORCPT (e.g. "rfc822;a@b")
+    notify: frozenset[str] = frozenset()  # DSN NOTIFY keywords: SUCCESS, FAILURE, DELAY, NEVER
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryRequest:
+    """One entry: up to ``<transport>_destination_recipient_limit`` recipients, one nexthop."""
+
+    queue_id: str
+    transport: str  # master.cf service name
+    nexthop: str  # e.g. "example.com", "[127.0.0.1]:2525", or the error/retry text
+    sender: str  # "" = null sender
+    recipients: tuple[Recipient, ...]
+    content: ContentSource
+    smtputf8: bool = False  # the message needs SMTPUTF8
+    body_8bitmime: bool = False  # BODY=8BITMIME was given at intake
+    envid: str | None = None  # DSN ENVID
+    ret: str | None = None  # DSN RET (FULL | HDRS)
+    cache_load: bool = False  # qmgr LOAD flag: may use a cached session
+    cache_store: bool = False  # qmgr STORE flag: may keep the session for the next entry
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientResult:
+    """The outcome for one recipient, with the DSN code and the text that explains it."""
+
+    recipient: Recipient
+    outcome: Outcome
+    dsn: str  # enhanced status code, e.g. "2.0.0", "4.4.1", "5.1.1"
+    reply: str  # remote reply ("250 2.0.0 Ok") or local reason
+    relay: str = "none"  # "host[addr]:port" of the server that gave the reply
+
+
+@dataclass(frozen=True, slots=True)
+class HopStatus:
+    """A destination-level failure: negative feedback for the destination's window."""
+
+    dsn: str  # e.g. "4.4.1"
+    reason: str  # e.g. "connect to mx.example.com[192.0.2.1]:25: Connection refused"
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """Everything the engine learns from one delivery attempt."""
+
+    recipients: tuple[RecipientResult, ...]
+    hop: HopStatus | None = None
+    conn_setup_time: float = 0.0  # seconds spent in DNS, connect, greeting, EHLO, TLS
+    transmission_time: float = 0.0  # seconds spent in MAIL..end of DATA
+    extra: dict[str, str] = field(default_factory=dict)  # agent-specific notes for logs
+
+
+class Agent(Protocol):
+    """A delivery agent: one ``deliver`` call per entry; many may run concurrently."""
+
+    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
+        """Attempt delivery; every remote or local problem becomes a result, never an exception."""
+        ...
+
+    async def close(self) -> None:
+        """Release cached connections and other resources (QUIT idle sessions)."""
+        ...
