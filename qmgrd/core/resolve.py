@@ -1,0 +1,377 @@
+"""Recipient address -> (transport, nexthop, address) and destination queue names (notes §3.4).
+
+Contract
+--------
+``TransportTable.from_specs(specs)`` parses ``transport_maps`` tables once (``inline:{...}`` or
+``texthash:/path`` with the file's text supplied by the caller: core never reads files) and raises
+``ValueError`` naming the table and line for malformed input; the config layer turns that into a
+``ConfigError``. ``Resolver(settings).resolve(address)`` never raises for a bad address: bad input
+becomes a route to the ``error`` transport, just as Postfix's trivial-rewrite does, because a
+recipient problem is a delivery result, not an exception. ``queue_name`` gives the key of the
+destination queue a resolved recipient joins.
+
+Routing rules, in order of precedence (transport(5), postconf(5) ``default_transport``):
+
+1. Null address -> ``error`` "5.1.3 null recipient address"; unparsable address -> ``error``
+   "5.1.3 bad address syntax".
+2. ``transport_maps`` lookup: ``user+ext@domain``, ``user@domain`` (when a recipient delimiter is
+   set), ``domain``, then ``.parent`` domains from the closest up (``.example.com`` matches every
+   subdomain of example.com, never example.com itself), then ``*``. The first key found in any
+   table wins; within one key, tables are searched in order. Keys are case-insensitive.
+3. A table value ``transport:nexthop`` may leave either part empty: an empty transport means the
+   default route's transport, an empty nexthop means the default route's nexthop.
+4. The default route: ``default_transport`` (``transport[:nexthop]``); its nexthop if it has one,
+   else ``relayhost`` if set, else the recipient domain.
+5. ``error`` and ``retry`` keep their nexthop as DSN text, given a default status code if it has
+   none (5.0.0 / 4.0.0).
+6. A transport listed in ``defer_transports`` becomes ``retry`` "4.3.2 deferred transport" unless
+   the message is being flushed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "EMPTY",
+    "ERROR_TRANSPORT",
+    "RETRY_TRANSPORT",
+    "Resolved",
+    "Resolver",
+    "ResolverSettings",
+    "TransportTable",
+    "queue_name",
+]
+
+ERROR_TRANSPORT = "error"
+RETRY_TRANSPORT = "retry"
+
+BAD_SYNTAX = "5.1.3 bad address syntax"
+NULL_RECIPIENT = "5.1.3 null recipient address"
+DEFERRED_TRANSPORT = "4.3.2 deferred transport"
+
+_DSN_STATUS_RE = re.compile(r"^[245]\.\d{1,3}\.\d{1,3}(?:\s|$)")
+_DEFAULT_TEXT = {
+    ERROR_TRANSPORT: ("5.0.0", "mail delivery failed"),
+    RETRY_TRANSPORT: ("4.0.0", "mail delivery deferred"),
+}
+# A domain is dot-separated labels (letters, digits, hyphen, underscore, or non-ASCII for
+# internationalized names) or an address literal such as [192.0.2.1] / [IPv6:2001:db8::1].
+_LABEL_RE = re.compile(r"^[A-Za-z0-9_\-\u0080-\U0010ffff]+$")
+_LITERAL_RE = re.compile(r"^\[[A-Za-z0-9.:\-]+\]$")
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """Where one recipient goes: a master.cf service, its nexthop, and the address itself.
+
+    For ``error`` and ``retry`` the nexthop is the DSN text ("5.1.3 bad address syntax").
+    """
+
+    transport: str
+    nexthop: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TransportTable:
+    """One or more parsed ``transport_maps`` tables, merged in lookup order.
+
+    Merging keeps the first table's value for a key, which is exactly what searching the tables in
+    order for each key gives (Postfix ``maps_find``), at one dict lookup per key.
+    """
+
+    entries: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def from_specs(cls, specs: Sequence[tuple[str, str]]) -> TransportTable:
+        """Parse ``(spec, text)`` pairs in lookup order.
+
+        ``spec`` is ``inline:{ key=value, ... }`` (``text`` ignored) or ``texthash:/path`` with
+        ``text`` holding that file's contents. Duplicate keys keep the first value and add a
+        warning (Postfix's default for texthash). Malformed input raises ValueError naming the
+        table and line.
+        """
+        merged: dict[str, str] = {}
+        warnings: list[str] = []
+        for spec, text in specs:
+            kind, sep, _rest = spec.partition(":")
+            if not sep:
+                raise ValueError(f"transport_maps: {spec!r}: expected type:name")
+            if kind == "inline":
+                pairs = _parse_inline(spec)
+            elif kind == "texthash":
+                pairs = _parse_texthash(spec, text)
+            else:
+                raise ValueError(
+                    f"transport_maps: {spec!r}: unsupported table type {kind!r} "
+                    "(use inline or texthash)"
+                )
+            seen: set[str] = set()
+            for where, key, value in pairs:
+                if key in seen:
+                    warnings.append(f"{where}: duplicate entry {key!r} ignored")
+                    continue
+                seen.add(key)
+                merged.setdefault(key, value)
+        return cls(MappingProxyType(merged), tuple(warnings))
+
+    def lookup(self, address: str, *, recipient_delimiter: str = "") -> str | None:
+        """Return the table value for a recipient address, or None (rules in the module doc)."""
+        if not self.entries:
+            return None
+        at = address.rfind("@")
+        if at > 0:
+            local, domain = address[:at].lower(), address[at + 1 :].lower().rstrip(".")
+            found = self.entries.get(f"{local}@{domain}")
+            if found is not None:
+                return found
+            bare = _strip_extension(local, recipient_delimiter)
+            if bare != local:
+                found = self.entries.get(f"{bare}@{domain}")
+                if found is not None:
+                    return found
+            found = self._find_domain(domain)
+            if found is not None:
+                return found
+        return self.entries.get("*")
+
+    def _find_domain(self, domain: str) -> str | None:
+        """Exact domain first, then ``.parent`` keys from the closest parent up."""
+        if not domain:
+            return None
+        found = self.entries.get(domain)
+        if found is not None or domain.startswith("["):
+            return found  # an address literal has no parent domains
+        dot = domain.find(".", 1)
+        while dot >= 0:
+            found = self.entries.get(domain[dot:])
+            if found is not None:
+                return found
+            dot = domain.find(".", dot + 1)
+        return None
+
+
+EMPTY = TransportTable()
+"""The table that matches nothing (no ``transport_maps``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResolverSettings:
+    """The configuration the resolver needs, parsed once (a reload builds a new one).
+
+    ``recipient_delimiter`` (an addition to the agreed interface, with a harmless default) enables
+    the ``user@domain`` lookup of ``user+ext@domain``.
+    """
+
+    default_transport: str = "smtp"
+    relayhost: str = ""
+    transport_table: TransportTable = EMPTY
+    defer_transports: frozenset[str] = frozenset()
+    recipient_delimiter: str = ""
+
+
+class Resolver:
+    """Routes recipient addresses with fixed settings; holds no mutable state."""
+
+    __slots__ = ("_default_nexthop_explicit", "_default_transport", "_settings")
+
+    def __init__(self, settings: ResolverSettings) -> None:
+        """Split ``default_transport`` into its transport and optional nexthop once."""
+        transport, _sep, nexthop = settings.default_transport.partition(":")
+        if not transport:
+            raise ValueError(
+                f"default_transport = {settings.default_transport!r}: empty transport name"
+            )
+        self._settings = settings
+        self._default_transport = transport
+        self._default_nexthop_explicit = nexthop.strip()
+
+    @property
+    def settings(self) -> ResolverSettings:
+        """The settings this resolver was built with."""
+        return self._settings
+
+    def resolve(self, address: str, *, flush: bool = False) -> Resolved:
+        """Route one recipient address (rules in the module doc). Never raises for bad input.
+
+        ``flush`` is true while a message is being flushed (``qmgrd flush``): it lifts
+        ``defer_transports``.
+        """
+        settings = self._settings
+        stripped = address.strip()
+        if stripped in ("", "<>"):
+            return Resolved(ERROR_TRANSPORT, NULL_RECIPIENT, address)
+        domain = _domain_of(stripped)
+        if domain is None:
+            return Resolved(ERROR_TRANSPORT, BAD_SYNTAX, address)
+        transport = self._default_transport
+        # The nexthop somebody wrote down for this route (default_transport's own, or the
+        # table's); error/retry use it as DSN text and ignore the relayhost/domain fallback.
+        explicit = self._default_nexthop_explicit
+        value = settings.transport_table.lookup(
+            stripped, recipient_delimiter=settings.recipient_delimiter
+        )
+        if value is not None:
+            table_transport, _sep, table_nexthop = value.partition(":")
+            table_transport, table_nexthop = table_transport.strip(), table_nexthop.strip()
+            if table_transport:
+                transport = table_transport
+            if table_nexthop:
+                explicit = table_nexthop
+            elif transport != self._default_transport:
+                explicit = ""
+        if transport in _DEFAULT_TEXT:
+            nexthop = _dsn_text(transport, explicit)
+        else:
+            nexthop = explicit or settings.relayhost or domain
+        if transport in settings.defer_transports and not flush:
+            return Resolved(RETRY_TRANSPORT, DEFERRED_TRANSPORT, address)
+        return Resolved(transport, nexthop, address)
+
+
+def queue_name(resolved: Resolved, *, recipient_limit: int, recipient_delimiter: str = "") -> str:
+    """The destination queue key for a resolved recipient (notes §3.4 step 4, §13.28).
+
+    Normally the nexthop. When the transport delivers one recipient per request
+    (``recipient_limit == 1``) and is not ``error`` or ``retry``, it is ``localpart@nexthop`` with
+    the address extension removed, so concurrency is per recipient and ``user+ext`` shares the
+    queue of ``user``. Always lowercased.
+    """
+    if recipient_limit == 1 and resolved.transport not in _DEFAULT_TEXT:
+        address = resolved.address
+        at = address.rfind("@")
+        local = address[:at] if at >= 0 else address
+        local = _strip_extension(local, recipient_delimiter)
+        return f"{local}@{resolved.nexthop}".lower()
+    return resolved.nexthop.lower()
+
+
+def _strip_extension(local: str, delimiter: str) -> str:
+    """Cut the localpart at the first delimiter character (each character of ``delimiter`` counts,
+    as in Postfix >= 2.11); a localpart that starts with one keeps it whole."""
+    if not delimiter:
+        return local
+    cut = min((i for i in (local.find(c, 1) for c in delimiter) if i > 0), default=-1)
+    return local[:cut] if cut > 0 else local
+
+
+def _domain_of(address: str) -> str | None:
+    """The lowercased domain of a syntactically plausible ``local@domain``, else None.
+
+    Deliberately lenient (the listener already enforced RFC 5321 on input): it rejects only what
+    cannot be routed: no ``@``, an empty localpart or domain, whitespace or control characters,
+    and malformed domains.
+    """
+    at = address.rfind("@")
+    if at <= 0 or at == len(address) - 1:
+        return None
+    if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in address):
+        return None
+    local, domain = address[:at], address[at + 1 :]
+    if "@" in local and not (local.startswith('"') and local.endswith('"')):
+        return None
+    if domain.startswith("["):
+        return domain.lower() if _LITERAL_RE.match(domain) else None
+    domain = domain.rstrip(".") if domain.endswith(".") and len(domain) > 1 else domain
+    labels = domain.split(".")
+    if any(not _LABEL_RE.match(label) for label in labels):
+        return None
+    return domain.lower()
+
+
+def _dsn_text(transport: str, text: str) -> str:
+    """Give error/retry text a DSN status code when it lacks one (error(8), dsn_split)."""
+    status, reason = _DEFAULT_TEXT[transport]
+    if not text:
+        return f"{status} {reason}"
+    if _DSN_STATUS_RE.match(text):
+        return text
+    return f"{status} {text}"
+
+
+def _parse_inline(spec: str) -> list[tuple[str, str, str]]:
+    """Parse ``inline:{ key=value, { key = text, with commas }, ... }`` into (where, key, value).
+
+    As Postfix: elements are separated by commas or whitespace; an element wrapped in ``{}`` may
+    contain both, and whitespace around its ``=`` is ignored.
+    """
+    body = spec[len("inline:") :].strip()
+    if not (body.startswith("{") and body.endswith("}")):
+        raise ValueError(f"transport_maps: {spec!r}: expected inline:{{ key=value, ... }}")
+    tokens = _split_braced(spec, body[1:-1])
+    pairs: list[tuple[str, str, str]] = []
+    for index, token in enumerate(tokens, start=1):
+        where = f"{spec}: element {index}"
+        if token.startswith("{"):
+            token = token[1:-1].strip()
+        key, sep, value = token.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"transport_maps: {where}: expected key=value, got {token!r}")
+        pairs.append((where, key.lower(), value))
+    return pairs
+
+
+def _split_braced(spec: str, body: str) -> list[str]:
+    """Split on commas and whitespace outside braces; a braced token keeps its braces."""
+    tokens: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in body:
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"transport_maps: {spec!r}: unbalanced '}}'")
+        if depth == 0 and (ch == "," or ch.isspace()):
+            if current:
+                tokens.append("".join(current))
+                current = []
+            continue
+        current.append(ch)
+    if depth != 0:
+        raise ValueError(f"transport_maps: {spec!r}: unbalanced '{{'")
+    if current:
+        tokens.append("".join(current))
+    return tokens
+
+
+def _parse_texthash(spec: str, text: str) -> list[tuple[str, str, str]]:
+    """Parse ``key value`` lines as Postfix's texthash (postmap input format).
+
+    Blank lines and lines whose first non-blank character is ``#`` are ignored; a line starting
+    with whitespace continues the previous logical line. Each logical line is reported by the
+    number of its first physical line.
+    """
+    path = spec[len("texthash:") :]
+    logical: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if line[0].isspace():
+            if not logical:
+                raise ValueError(
+                    f"transport_maps: {path}, line {number}: "
+                    "continuation line without a preceding entry"
+                )
+            start, previous = logical[-1]
+            logical[-1] = (start, f"{previous} {stripped}")
+            continue
+        logical.append((number, stripped))
+    pairs: list[tuple[str, str, str]] = []
+    for number, entry in logical:
+        parts = entry.split(None, 1)
+        if len(parts) != 2:
+            raise ValueError(
+                f"transport_maps: {path}, line {number}: expected 'key whitespace value', "
+                f"got {entry!r}"
+            )
+        pairs.append((f"{path}, line {number}", parts[0].lower(), parts[1].strip()))
+    return pairs
