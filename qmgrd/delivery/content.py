@@ -1,0 +1,83 @@
+"""Message content for the SMTP DATA phase: chunked transparency encoding.
+
+``DataEncoder`` turns the raw content, fed in arbitrary chunks, into what goes
+on the wire after ``354``: every line ending becomes CRLF (a lone CR or LF too,
+as aiosmtplib does for whole messages) and a line starting with ``.`` gets an
+extra ``.`` (RFC 5321 §4.5.2). ``finish()`` adds the missing final CRLF and the
+``.CRLF`` terminator.
+
+Theory of operation: the only state that crosses a chunk boundary is
+(a) whether the output so far ends at the start of a line (so a ``.`` at the
+start of the next chunk is stuffed) and (b) a trailing CR whose meaning (CRLF
+or lone CR) depends on the next byte. A trailing CR is held back and prepended
+to the next chunk, so every chunk is normalized with whole-buffer regexes and
+the result equals encoding the whole message at once (pinned by a property
+test).
+
+``BytesContent`` is an in-memory ``ContentSource`` (tests, generated bounces).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+_LINE_ENDINGS = re.compile(rb"\r\n|\n|\r(?!\n)")
+
+
+@dataclass(slots=True, eq=False)
+class DataEncoder:
+    """Incremental CRLF normalization and dot-stuffing for one DATA transfer."""
+
+    _at_line_start: bool = True
+    _held_cr: bool = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Encode the next chunk of content; may hold back one trailing CR."""
+        data = b"\r" + chunk if self._held_cr else chunk
+        self._held_cr = data.endswith(b"\r")
+        if self._held_cr:
+            data = data[:-1]
+        if not data:
+            return b""
+        data = _LINE_ENDINGS.sub(b"\r\n", data)
+        if self._at_line_start and data.startswith(b"."):
+            data = b"." + data
+        data = data.replace(b"\r\n.", b"\r\n..")
+        self._at_line_start = data.endswith(b"\r\n")
+        return data
+
+    def finish(self) -> bytes:
+        """The bytes that end the transfer: a final CRLF if needed, then ``.CRLF``."""
+        tail = b""
+        if self._held_cr:
+            tail = b"\r\n"
+            self._held_cr = False
+        elif not self._at_line_start:
+            tail = b"\r\n"
+        self._at_line_start = True
+        return tail + b".\r\n"
+
+
+def encode_data(content: bytes) -> bytes:
+    """Encode a whole message for DATA (convenience for tests and small messages)."""
+    enc = DataEncoder()
+    return enc.feed(content) + enc.finish()
+
+
+@dataclass(frozen=True, slots=True)
+class BytesContent:
+    """A ``ContentSource`` over bytes in memory."""
+
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        """Content size in bytes."""
+        return len(self.data)
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        """Yield the content in ``chunk_size`` pieces."""
+        for start in range(0, len(self.data), chunk_size):
+            yield self.data[start : start + chunk_size]

@@ -1,0 +1,296 @@
+"""Nexthop parsing and MX/address lookup for the SMTP agent (notes §10.3).
+
+``parse_nexthop`` reads Postfix smtp(8) nexthop syntax: ``domain``,
+``domain:port``, ``[host]``, ``[host]:port`` (brackets = no MX lookup), and a
+list of those separated by commas or spaces (tried in order).
+
+``MxResolver.lookup(dest)`` returns either the ordered list of ``Endpoint``s
+to try or a ``DnsFailure`` (a value, never an exception, per STYLE §6):
+
+- MX records sorted by preference; with ``randomize`` the addresses are
+  shuffled first and then stably sorted, so equal-preference *addresses* end
+  up in random order (as Postfix's smtp_addr.c does);
+- null MX (one record ``0 .``, RFC 7505): permanent 5.1.0;
+- NXDOMAIN: permanent 5.4.4; SERVFAIL, timeout or no usable resolver:
+  transient 4.4.3; no MX records: the name's own A/AAAA;
+- MX hosts whose addresses cannot be found are skipped; if none has an
+  address, the error is transient if any lookup was transient, else 5.4.4.
+
+Nameservers come from ``smtp_dns_nameservers`` (``host``, ``host:port`` or
+``[host]:port``); empty means the system resolver.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import random
+import socket
+from dataclasses import dataclass
+
+import dns.asyncresolver
+import dns.exception
+import dns.nameserver
+import dns.rdatatype
+import dns.resolver
+
+from qmgrd.errors import ConfigError
+
+DEFAULT_PORT = 25
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    """One nexthop destination: a name (or address), a port, and whether to look up MX."""
+
+    host: str
+    port: int
+    mx: bool
+
+    @property
+    def label(self) -> str:
+        """The destination as written in Postfix syntax (the connection-cache nexthop label)."""
+        host = self.host if self.mx else f"[{self.host}]"
+        return host if self.port == DEFAULT_PORT else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One address to connect to, with the MX host name and preference it came from."""
+
+    host: str
+    addr: str
+    port: int
+    pref: int = 0
+
+    @property
+    def relay(self) -> str:
+        """``host[addr]:port`` as shown in ``relay=`` log fields and results."""
+        return f"{self.host}[{self.addr}]:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class DnsFailure:
+    """A lookup that produced no address: transient (4.x.x) or permanent (5.x.x)."""
+
+    dsn: str
+    reason: str
+
+    @property
+    def transient(self) -> bool:
+        """Whether the recipients should be deferred rather than bounced."""
+        return self.dsn.startswith("4")
+
+
+def _parse_port(text: str, where: str) -> int:
+    if text.isdigit():
+        port = int(text)
+        if 0 < port < 65536:
+            return port
+        raise ConfigError(f"bad port in nexthop {where!r}")
+    try:
+        return socket.getservbyname(text, "tcp")
+    except OSError:
+        raise ConfigError(f"unknown service {text!r} in nexthop {where!r}") from None
+
+
+def parse_destination(text: str) -> Destination:
+    """Parse one ``domain[:port]`` or ``[host][:port]`` destination."""
+    item = text.strip()
+    if item.startswith("smtp:"):  # transport_maps style "smtp:[host]" leaking through
+        item = item[5:]
+    if not item:
+        raise ConfigError("empty nexthop")
+    if item.startswith("["):
+        close = item.find("]")
+        if close < 0:
+            raise ConfigError(f"unbalanced '[' in nexthop {text!r}")
+        host = item[1:close]
+        rest = item[close + 1 :]
+        if rest and not rest.startswith(":"):
+            raise ConfigError(f"garbage after ']' in nexthop {text!r}")
+        port = _parse_port(rest[1:], text) if rest else DEFAULT_PORT
+        if host.lower().startswith("ipv6:"):
+            host = host[5:]
+        if not host:
+            raise ConfigError(f"empty host in nexthop {text!r}")
+        return Destination(host, port, mx=False)
+    host, sep, port_text = item.rpartition(":")
+    if not sep:
+        return Destination(item.rstrip("."), DEFAULT_PORT, mx=True)
+    if not host:
+        raise ConfigError(f"empty host in nexthop {text!r}")
+    return Destination(host.rstrip("."), _parse_port(port_text, text), mx=True)
+
+
+def parse_nexthop(text: str) -> tuple[Destination, ...]:
+    """Parse a nexthop that may list several destinations (comma or space separated)."""
+    items = [part for part in text.replace(",", " ").split() if part]
+    if not items:
+        raise ConfigError("empty nexthop")
+    return tuple(parse_destination(item) for item in items)
+
+
+def parse_nameserver(text: str) -> dns.nameserver.Do53Nameserver:
+    """Parse one ``smtp_dns_nameservers`` entry: ``host``, ``host:port`` or ``[host]:port``."""
+    item = text.strip()
+    port = 53
+    if item.startswith("["):
+        close = item.find("]")
+        if close < 0:
+            raise ConfigError(f"smtp_dns_nameservers: bad entry {text!r}")
+        host, rest = item[1:close], item[close + 1 :]
+        if rest:
+            if not rest.startswith(":") or not rest[1:].isdigit():
+                raise ConfigError(f"smtp_dns_nameservers: bad entry {text!r}")
+            port = int(rest[1:])
+    elif item.count(":") == 1:
+        host, port_text = item.split(":")
+        if not port_text.isdigit():
+            raise ConfigError(f"smtp_dns_nameservers: bad port in {text!r}")
+        port = int(port_text)
+    else:
+        host = item  # a bare IPv4 or IPv6 address
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ConfigError(f"smtp_dns_nameservers: {host!r} is not an IP address") from None
+    return dns.nameserver.Do53Nameserver(host, port)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class MxResolver:
+    """MX and address lookups with dnspython's async resolver (one per SMTP agent)."""
+
+    def __init__(
+        self,
+        nameservers: tuple[str, ...] = (),
+        timeout: float = 10.0,
+        rng: random.Random | None = None,
+        randomize: bool = True,
+    ) -> None:
+        """Build the resolver; an empty ``nameservers`` uses the system configuration."""
+        self._rng = rng or random.Random()
+        self._randomize = randomize
+        self._setup_error: str | None = None
+        if nameservers:
+            self._resolver = dns.asyncresolver.Resolver(configure=False)
+            self._resolver.nameservers = [parse_nameserver(ns) for ns in nameservers]
+        else:
+            try:
+                self._resolver = dns.asyncresolver.Resolver()
+            except dns.resolver.NoResolverConfiguration as exc:
+                self._resolver = dns.asyncresolver.Resolver(configure=False)
+                self._setup_error = f"no resolver configuration: {exc}"
+        self._resolver.lifetime = timeout
+        self._resolver.timeout = timeout
+
+    async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
+        """Resolve one destination to the addresses to try, best first."""
+        if _is_address(dest.host):
+            return [Endpoint(dest.host, dest.host, dest.port)]
+        if self._setup_error is not None:
+            return DnsFailure("4.4.3", self._setup_error)
+        if not dest.mx:
+            found = await self._addresses(dest.host)
+            if isinstance(found, DnsFailure):
+                return found
+            return self._order([Endpoint(dest.host, a, dest.port) for a in found])
+        return await self._mx(dest)
+
+    async def _mx(self, dest: Destination) -> list[Endpoint] | DnsFailure:
+        name = dest.host
+        try:
+            answer = await self._resolver.resolve(name, "MX", search=False)
+        except dns.resolver.NXDOMAIN:
+            return DnsFailure(
+                "5.4.4",
+                f"Host or domain name not found. Name service error for name={name} "
+                "type=MX: Host not found",
+            )
+        except dns.resolver.NoAnswer:
+            found = await self._addresses(name)
+            if isinstance(found, DnsFailure):
+                return found
+            return self._order([Endpoint(name, a, dest.port) for a in found])
+        except (dns.exception.DNSException, OSError) as exc:
+            return _temp_failure(name, "MX", exc)
+        records = sorted(
+            ((int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer),
+            key=lambda rec: rec[0],
+        )
+        if any(host in ("", ".") for _, host in records):
+            return DnsFailure("5.1.0", f"Domain {name} does not accept mail (nullMX)")
+        endpoints: list[Endpoint] = []
+        failures: list[DnsFailure] = []
+        for pref, host in records:
+            if _is_address(host):  # not allowed by RFC 5321 but seen in the wild
+                endpoints.append(Endpoint(host, host, dest.port, pref))
+                continue
+            found = await self._addresses(host)
+            if isinstance(found, DnsFailure):
+                failures.append(found)
+                continue
+            endpoints.extend(Endpoint(host, a, dest.port, pref) for a in found)
+        if endpoints:
+            return self._order(endpoints)
+        for failure in failures:
+            if failure.transient:
+                return failure
+        if failures:
+            return failures[0]
+        return DnsFailure("5.4.4", f"no MX host for {name} has an address")
+
+    async def _addresses(self, host: str) -> list[str] | DnsFailure:
+        """A and AAAA records of ``host``; a failure only when neither gave an address."""
+        addrs: list[str] = []
+        failure: DnsFailure | None = None
+        for rdtype in ("A", "AAAA"):
+            try:
+                answer = await self._resolver.resolve(host, rdtype, search=False)
+            except dns.resolver.NXDOMAIN:
+                failure = failure or DnsFailure(
+                    "5.4.4",
+                    f"Host or domain name not found. Name service error for name={host} "
+                    f"type={rdtype}: Host not found",
+                )
+                break  # the name does not exist: AAAA would say the same
+            except dns.resolver.NoAnswer:
+                continue
+            except (dns.exception.DNSException, OSError) as exc:
+                temp = _temp_failure(host, rdtype, exc)
+                if failure is None or not failure.transient:
+                    failure = temp
+                continue
+            addrs.extend(r.to_text() for r in answer)
+        if addrs:
+            return addrs
+        if failure is not None:
+            return failure
+        return DnsFailure(
+            "5.4.4",
+            f"Host or domain name not found. Name service error for name={host} type=A: "
+            "No address associated with hostname",
+        )
+
+    def _order(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """Shuffle (if configured), then stable-sort by preference (notes §10.3)."""
+        if self._randomize and len(endpoints) > 1:
+            self._rng.shuffle(endpoints)
+        endpoints.sort(key=lambda ep: ep.pref)
+        return endpoints
+
+
+def _temp_failure(name: str, rdtype: str, exc: BaseException) -> DnsFailure:
+    detail = "timeout" if isinstance(exc, dns.exception.Timeout) else type(exc).__name__
+    return DnsFailure(
+        "4.4.3",
+        f"Host or domain name not found. Name service error for name={name} type={rdtype}: "
+        f"Host not found, try again ({detail})",
+    )
