@@ -1,0 +1,608 @@
+"""The parameter table: every configuration parameter, declared once (STYLE §7).
+
+Each `Param` gives a name, a type, the Postfix 3.x default (as postconf -d
+prints it: raw, with ``$name`` references unexpanded), bounds, whether a
+transport may override it, and a one-line description. `postconf -d`, the
+example config and the README's parameter list are generated from this table
+(see `describe`).
+
+Per-transport parameters follow Postfix: the table declares the
+``default_<suffix>`` name (or, for ``initial_destination_concurrency``, the
+bare name) with ``per_transport=True``; a master.cf service ``t`` may then be
+given ``t_<suffix>`` in main.cf or with ``-o``. Two such names are declared
+explicitly because Postfix declares them with their own defaults:
+``local_destination_concurrency_limit`` (2) and ``local_destination_recipient_limit`` (1).
+
+Two defaults depend on the host and are computed when the configuration is
+loaded (`Param.computed`): ``myhostname`` and ``mydomain``.
+
+Clamp: ``bounce_queue_lifetime`` is limited to ``maximal_queue_lifetime``
+(``Param.at_most``), as Postfix does at startup; `Config.get_time` applies it,
+postconf prints the value as written.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+
+class ParamType(enum.Enum):
+    """The value syntax of a parameter."""
+
+    INT = "int"
+    TIME = "time"  # a number with an optional unit s m h d w; bare = the parameter's unit
+    BOOL = "bool"  # yes | no
+    STR = "string"
+    LIST = "list"  # separated by commas and/or whitespace
+
+
+class Check(enum.Enum):
+    """An extra syntax check beyond the type (for values whose misuse is common)."""
+
+    NONE = "none"
+    HOSTPORT = "hostport"  # host:port, [ipv6]:port; in a list: every element
+
+
+TIME_UNITS: Mapping[str, int] = MappingProxyType(
+    {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One parameter's declaration; constructing one checks it is self-consistent."""
+
+    name: str
+    type: ParamType
+    default: str
+    description: str
+    per_transport: bool = False
+    minimum: int | None = None  # INT: the value; TIME: seconds
+    maximum: int | None = None
+    unit: str = "s"  # TIME only: unit of a bare number
+    choices: tuple[str, ...] = ()  # STR only: allowed values ("" allowed only if listed)
+    check: Check = Check.NONE
+    at_most: str | None = None  # TIME: clamped to this other parameter's value at lookup
+    computed: bool = False  # default computed from the host when the config is loaded
+    qmgrd_only: bool = False  # not a Postfix parameter
+
+    def __post_init__(self) -> None:
+        if self.type is ParamType.TIME and self.unit not in TIME_UNITS:
+            raise ValueError(f"{self.name}: bad time unit {self.unit!r}")
+        if self.choices and self.type is not ParamType.STR:
+            raise ValueError(f"{self.name}: choices only apply to strings")
+        if self.per_transport and not (
+            self.name.startswith("default_") or self.name == "initial_destination_concurrency"
+        ):
+            raise ValueError(f"{self.name}: per-transport parameters are default_<suffix> names")
+
+    @property
+    def suffix(self) -> str:
+        """The part a transport name is prefixed to (``t_<suffix>``); only for per_transport."""
+        return self.name.removeprefix("default_")
+
+
+_I, _T, _B, _S, _L = ParamType.INT, ParamType.TIME, ParamType.BOOL, ParamType.STR, ParamType.LIST
+_DAYS_100 = 100 * 86400
+
+
+_TABLE: tuple[Param, ...] = (
+    # --- queue manager: memory and scheduling (notes §12) ---
+    Param(
+        "qmgr_message_active_limit",
+        _I,
+        "20000",
+        "maximum number of messages in the active queue",
+        minimum=1,
+    ),
+    Param(
+        "qmgr_message_recipient_limit",
+        _I,
+        "20000",
+        "in-core recipient budget for first reads; caps the dead-destination cache",
+        minimum=1,
+    ),
+    Param(
+        "qmgr_message_recipient_minimum",
+        _I,
+        "10",
+        "baseline in-core recipient limit per message",
+        minimum=1,
+    ),
+    Param(
+        "default_recipient_limit",
+        _I,
+        "20000",
+        "recipient slot pool of a transport",
+        per_transport=True,
+        minimum=1,
+    ),
+    Param(
+        "default_extra_recipient_limit",
+        _I,
+        "1000",
+        "recipient slots reserved for jobs that preempt others",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "default_recipient_refill_limit",
+        _I,
+        "100",
+        "batch size that triggers an opportunistic recipient refill",
+        per_transport=True,
+        minimum=1,
+    ),
+    Param(
+        "default_recipient_refill_delay",
+        _T,
+        "5s",
+        "age after which a job's recipients are refilled anyway",
+        per_transport=True,
+        minimum=1,
+    ),
+    Param(
+        "default_delivery_slot_cost",
+        _I,
+        "5",
+        "delivery slots a job must save to preempt; below 2 disables preemption",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "default_delivery_slot_loan",
+        _I,
+        "3",
+        "slots lent to a preempting job",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "default_delivery_slot_discount",
+        _I,
+        "50",
+        "percentage of the slot cost a preempting job must have saved",
+        per_transport=True,
+        minimum=0,
+        maximum=100,
+    ),
+    Param(
+        "default_minimum_delivery_slots",
+        _I,
+        "3",
+        "a job needs this many times the slot cost in entries to be preempted",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "initial_destination_concurrency",
+        _I,
+        "5",
+        "starting concurrency window of a destination",
+        per_transport=True,
+        minimum=1,
+    ),
+    Param(
+        "default_destination_concurrency_limit",
+        _I,
+        "20",
+        "maximum concurrent deliveries per destination (0 = no limit)",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "local_destination_concurrency_limit",
+        _I,
+        "2",
+        "concurrency limit of the local transport (declared by Postfix)",
+        minimum=0,
+    ),
+    Param(
+        "default_destination_recipient_limit",
+        _I,
+        "50",
+        "maximum recipients per delivery request (0 = no limit; 1 = per-recipient queues)",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "local_destination_recipient_limit",
+        _I,
+        "1",
+        "recipient limit of the local transport (declared by Postfix)",
+        minimum=0,
+    ),
+    Param(
+        "default_destination_concurrency_positive_feedback",
+        _S,
+        "1",
+        "window increment per delivery without a hop error (N, N/M or N/concurrency)",
+        per_transport=True,
+    ),
+    Param(
+        "default_destination_concurrency_negative_feedback",
+        _S,
+        "1",
+        "window decrement per hop error (N, N/M or N/concurrency)",
+        per_transport=True,
+    ),
+    Param(
+        "default_destination_concurrency_failed_cohort_limit",
+        _I,
+        "1",
+        "failed pseudo-cohorts before a destination is declared dead (0 = never)",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "destination_concurrency_feedback_debug", _B, "no", "log every concurrency window change"
+    ),
+    Param(
+        "default_destination_rate_delay",
+        _T,
+        "0s",
+        "pause between deliveries to one destination; forces concurrency 1",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "default_transport_rate_delay",
+        _T,
+        "0s",
+        "pause between deliveries by one transport",
+        per_transport=True,
+        minimum=0,
+    ),
+    Param(
+        "default_process_limit",
+        _I,
+        "100",
+        "maximum concurrent deliveries of a master.cf service whose maxproc is '-'",
+        minimum=1,
+    ),
+    Param(
+        "transport_retry_time", _T, "60s", "time before a dead transport is tried again", minimum=1
+    ),
+    Param(
+        "minimal_backoff_time",
+        _T,
+        "300s",
+        "minimum time between delivery attempts; dead-destination cache time",
+        minimum=1,
+    ),
+    Param("maximal_backoff_time", _T, "4000s", "maximum time between delivery attempts", minimum=1),
+    Param("queue_run_delay", _T, "300s", "period of the deferred queue scan", minimum=1),
+    Param(
+        "maximal_queue_lifetime",
+        _T,
+        "5d",
+        "time a message may stay queued before it bounces (0 = try once)",
+        unit="d",
+        minimum=0,
+        maximum=_DAYS_100,
+    ),
+    Param(
+        "bounce_queue_lifetime",
+        _T,
+        "5d",
+        "queue lifetime of null-sender mail; clamped to maximal_queue_lifetime",
+        unit="d",
+        minimum=0,
+        maximum=_DAYS_100,
+        at_most="maximal_queue_lifetime",
+    ),
+    Param(
+        "delay_warning_time",
+        _T,
+        "0h",
+        "send a delay notice after this time in the queue (0 = never)",
+        unit="h",
+        minimum=0,
+    ),
+    Param(
+        "confirm_delay_cleared",
+        _B,
+        "no",
+        "notify the sender when a delayed message is finally delivered",
+    ),
+    Param("defer_transports", _L, "", "transports whose mail is held until a flush"),
+    Param(
+        "qmgr_clog_warn_time",
+        _T,
+        "300s",
+        "minimum time between 'queue is clogged' warnings (0 = never)",
+        minimum=0,
+    ),
+    Param("qmgr_daemon_timeout", _T, "1000s", "queue manager watchdog time", minimum=1),
+    Param(
+        "qmgr_ipc_timeout", _T, "60s", "queue manager time limit for internal requests", minimum=1
+    ),
+    Param("daemon_timeout", _T, "18000s", "time limit for a delivery agent's reply", minimum=1),
+    Param(
+        "address_verify_pending_request_limit",
+        _I,
+        "5000",
+        "verification probes in the active queue before more are deferred",
+        minimum=1,
+    ),
+    Param(
+        "in_flow_delay",
+        _T,
+        "1s",
+        "input throttling delay when the queue manager falls behind",
+        minimum=0,
+        maximum=10,
+    ),
+    Param(
+        "qmgr_fudge_factor",
+        _I,
+        "100",
+        "old queue manager only; not used by nqmgr",
+        minimum=10,
+        maximum=100,
+    ),
+    # --- addresses and routing ---
+    Param(
+        "myhostname",
+        _S,
+        "",
+        "the fully-qualified name of this host (default: from the system)",
+        computed=True,
+    ),
+    Param(
+        "mydomain",
+        _S,
+        "",
+        "the domain of this host (default: myhostname minus its first label)",
+        computed=True,
+    ),
+    Param("myorigin", _S, "$myhostname", "domain appended to unqualified sender addresses"),
+    Param("mail_name", _S, "qmgrd", "the product name in greetings and bounces"),
+    Param("relayhost", _S, "", "next-hop for non-local mail (empty = direct MX delivery)"),
+    Param("default_transport", _S, "smtp", "transport for destinations not in transport_maps"),
+    Param("transport_maps", _L, "", "tables mapping recipients to transport:nexthop"),
+    Param("fallback_relay", _L, "", "obsolete name of smtp_fallback_relay"),
+    Param("recipient_delimiter", _S, "", "characters that separate a user name from an extension"),
+    Param("soft_bounce", _B, "no", "turn permanent (5xx) failures into deferrals"),
+    Param("bounce_notice_recipient", _S, "postmaster", "recipient of bounce notices to the admin"),
+    Param("notify_classes", _L, "resource, software", "problem classes reported to the postmaster"),
+    Param(
+        "double_bounce_sender", _S, "double-bounce", "sender of postmaster notices (never bounced)"
+    ),
+    # --- SMTP client ---
+    Param(
+        "smtp_fallback_relay",
+        _L,
+        "$fallback_relay",
+        "destinations tried after the MX hosts of a domain",
+    ),
+    Param("smtp_helo_name", _S, "$myhostname", "host name sent in EHLO/HELO"),
+    Param(
+        "smtp_tls_security_level",
+        _S,
+        "",
+        "TLS policy: none (or empty), may, encrypt",
+        choices=("", "none", "may", "encrypt"),
+    ),
+    Param("smtp_tls_CAfile", _S, "", "file of trusted CA certificates (empty = system store)"),
+    Param("smtp_tls_connection_reuse", _B, "no", "allow reuse of TLS-protected connections"),
+    Param(
+        "smtp_dns_nameservers",
+        _L,
+        "",
+        "DNS servers to query (empty = system resolver)",
+        qmgrd_only=True,
+    ),
+    Param("smtp_connect_timeout", _T, "30s", "time limit for a TCP connection", minimum=0),
+    Param("smtp_helo_timeout", _T, "300s", "time limit for the greeting and EHLO/HELO", minimum=1),
+    Param("smtp_mail_timeout", _T, "300s", "time limit for the MAIL FROM reply", minimum=1),
+    Param("smtp_rcpt_timeout", _T, "300s", "time limit for a RCPT TO reply", minimum=1),
+    Param("smtp_data_init_timeout", _T, "120s", "time limit for the DATA reply", minimum=1),
+    Param(
+        "smtp_data_xfer_timeout", _T, "180s", "time limit for sending one content chunk", minimum=1
+    ),
+    Param(
+        "smtp_data_done_timeout",
+        _T,
+        "600s",
+        "time limit for the reply after the final dot",
+        minimum=1,
+    ),
+    Param("smtp_quit_timeout", _T, "300s", "time limit for the QUIT reply", minimum=1),
+    Param(
+        "smtp_rset_timeout",
+        _T,
+        "20s",
+        "time limit for RSET when probing a cached connection",
+        minimum=1,
+    ),
+    Param("smtp_starttls_timeout", _T, "300s", "time limit for the TLS handshake", minimum=1),
+    Param(
+        "smtp_mx_address_limit", _I, "5", "addresses tried per next-hop (0 = no limit)", minimum=0
+    ),
+    Param(
+        "smtp_mx_session_limit",
+        _I,
+        "2",
+        "completed handshakes per next-hop (0 = no limit)",
+        minimum=0,
+    ),
+    Param("smtp_randomize_addresses", _B, "yes", "shuffle addresses of equal preference"),
+    Param("smtp_balance_inet_protocols", _B, "yes", "mix IPv4 and IPv6 within the address limit"),
+    Param(
+        "smtp_address_preference",
+        _S,
+        "any",
+        "address family preferred at equal MX preference",
+        choices=("any", "ipv4", "ipv6"),
+    ),
+    Param("smtp_skip_5xx_greeting", _B, "yes", "try the next MX host after a 5xx greeting"),
+    Param(
+        "smtp_defer_if_no_mx_address_found",
+        _B,
+        "no",
+        "defer, rather than try the A record, when MX hosts have no address",
+    ),
+    Param("ignore_mx_lookup_error", _B, "no", "look up A records when the MX lookup fails"),
+    Param(
+        "smtp_connection_cache_on_demand",
+        _B,
+        "yes",
+        "cache connections to destinations with a backlog",
+    ),
+    Param(
+        "smtp_connection_cache_destinations",
+        _L,
+        "",
+        "destinations whose connections are always cached",
+    ),
+    Param(
+        "smtp_connection_cache_time_limit", _T, "2s", "idle time of a cached connection", minimum=1
+    ),
+    Param(
+        "smtp_connection_reuse_time_limit",
+        _T,
+        "300s",
+        "maximum age of a reused connection",
+        minimum=1,
+    ),
+    Param(
+        "smtp_connection_reuse_count_limit",
+        _I,
+        "0",
+        "maximum reuses of one connection (0 = no limit)",
+        minimum=0,
+    ),
+    Param(
+        "connection_cache_ttl_limit",
+        _T,
+        "2s",
+        "upper bound on a cached connection's idle time",
+        minimum=1,
+    ),
+    Param(
+        "connection_cache_protocol_timeout",
+        _T,
+        "5s",
+        "time limit for connection cache requests",
+        minimum=1,
+    ),
+    Param(
+        "connection_cache_status_update_time",
+        _T,
+        "600s",
+        "period of connection cache statistics logging",
+        minimum=1,
+    ),
+    # --- SMTP listener ---
+    Param(
+        "smtpd_listen",
+        _L,
+        "127.0.0.1:25",
+        "addresses (host:port) the SMTP listener binds",
+        check=Check.HOSTPORT,
+        qmgrd_only=True,
+    ),
+    Param(
+        "mynetworks",
+        _L,
+        "127.0.0.0/8 [::1]/128",
+        "client networks allowed to relay (qmgrd default: loopback only)",
+    ),
+    Param(
+        "message_size_limit",
+        _I,
+        "10240000",
+        "maximum message size in bytes (0 = no limit)",
+        minimum=0,
+    ),
+    Param("smtpd_recipient_limit", _I, "1000", "maximum recipients per message", minimum=1),
+    Param("smtpd_timeout", _T, "300s", "time limit for a client command or data", minimum=1),
+    Param("smtpd_banner", _S, "$myhostname ESMTP $mail_name", "text after 220 in the greeting"),
+    Param("smtpd_sasl_auth_enable", _B, "no", "offer SMTP AUTH (not implemented by qmgrd)"),
+    # --- spool, logging, process ---
+    Param(
+        "queue_directory",
+        _S,
+        "/var/spool/qmgrd",
+        "spool directory (relative to the config directory)",
+    ),
+    Param(
+        "hash_queue_depth", _I, "1", "subdirectory levels in hashed queues", minimum=1, maximum=16
+    ),
+    Param("hash_queue_names", _L, "deferred, defer", "queues stored in hashed subdirectories"),
+    Param("maillog_file", _S, "", "log file (empty = standard output, for journald)"),
+    Param(
+        "log_format",
+        _S,
+        "postfix",
+        "log line format: postfix or json",
+        choices=("postfix", "json"),
+        qmgrd_only=True,
+    ),
+    Param(
+        "shutdown_timeout",
+        _T,
+        "30s",
+        "time deliveries in progress get to finish at stop",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "metrics_listen",
+        _S,
+        "",
+        "host:port of the metrics endpoint (empty = off)",
+        check=Check.HOSTPORT,
+        qmgrd_only=True,
+    ),
+)
+
+PARAMS: Mapping[str, Param] = MappingProxyType({p.name: p for p in _TABLE})
+"""Every declared parameter by name."""
+
+if len(PARAMS) != len(_TABLE):  # pragma: no cover - a duplicate is a bug in this file
+    raise ValueError("duplicate parameter name in the parameter table")
+
+PER_TRANSPORT: Mapping[str, Param] = MappingProxyType(
+    {p.suffix: p for p in _TABLE if p.per_transport}
+)
+"""Per-transport parameters by suffix (``destination_concurrency_limit`` -> its default_ Param)."""
+
+
+def find_param(name: str) -> Param | None:
+    """The declaration of ``name``, or None for a name not in the table."""
+    return PARAMS.get(name)
+
+
+def split_transport_name(name: str, services: frozenset[str] | None) -> tuple[str, Param] | None:
+    """Split ``t_<suffix>`` into (t, the default_<suffix> Param), or None.
+
+    With ``services`` given, ``t`` must be one of them (Postfix knows ``t_...``
+    names only for master.cf services); with None any prefix is accepted.
+    Names in the table are never split (``default_...``, ``local_...``, and
+    e.g. ``smtpd_recipient_limit`` are parameters of their own). The longest
+    matching suffix wins, so ``x_destination_recipient_limit`` is not read as
+    transport ``x_destination`` with suffix ``recipient_limit``.
+    """
+    if name in PARAMS:
+        return None
+    best: tuple[str, Param] | None = None
+    for suffix, param in PER_TRANSPORT.items():
+        tail = "_" + suffix
+        if name.endswith(tail) and len(name) > len(tail):
+            transport = name[: -len(tail)]
+            if services is not None and transport not in services:
+                continue
+            if best is None or len(param.suffix) > len(best[1].suffix):
+                best = (transport, param)
+    return best
+
+
+def describe() -> Iterator[tuple[str, str, str, bool, str]]:
+    """Yield (name, type, default, per_transport, description) for docs, sorted by name."""
+    for p in sorted(_TABLE, key=lambda q: q.name):
+        yield p.name, p.type.value, p.default, p.per_transport, p.description
