@@ -1,1 +1,86 @@
-"""spool."""
+"""The spool: queue directories, queue ids, queue files and their durable commit.
+
+Public API (the engine, the agents, the listener and the CLI use only this):
+
+Layout and moves — ``Spool(root: Path, *, fsync: bool = True)``
+    ``ensure_dirs() -> None``: incoming active deferred hold corrupt defer bounce
+    public pid, mode 0700, flat (no hashing).
+    ``path(queue, queue_id) -> Path``.
+    ``move(queue_id, src, dst, *, mtime: float | None = None) -> Path``: rename;
+    ``mtime`` (the next-attempt time of a deferred file) is set before the rename.
+    ``list_ids(queue) -> list[str]``: sorted (= arrival order); ``due_ids(queue, now)
+    -> list[str]``: files with mtime <= now + 1, never opened.
+    ``remove(queue, queue_id) -> bool``; ``quarantine(queue, queue_id, reason) -> Path``
+    (to corrupt/, logs ``warning: ID: corrupt queue file, file=..., reason=...``).
+    ``remove_temp_files() -> int``: start-up sweep of dead writers' temporaries.
+    ``open(queue, queue_id) -> QueueFile``.
+    ``append_reasons(kind, queue_id, records)``, ``read_reasons(kind, queue_id)``,
+    ``remove_reasons(kind, queue_id) -> bool`` with kind "defer" | "bounce".
+
+Queue ids — ``QueueIdGenerator().next()``, ``new_queue_id()``, ``is_queue_id(name)``:
+    15 chars, time in µs + random salt, strictly increasing per generator.
+
+Writing — ``Envelope(sender, recipients: tuple[RecipientSpec, ...], arrival_time,
+    envid, ret, smtputf8, body, client_name, client_addr, helo, warn_time)``,
+    ``RecipientSpec(address, orcpt=None, notify=frozenset())``.
+    ``Spool.commit(envelope, content: bytes) -> str`` (sync, durable) and
+    ``Spool.commit_batch(items) -> list[str | SpoolError]``.
+    ``GroupCommitter(spool).commit(envelope, content) -> Awaitable[str]`` (async, one
+    directory fsync per batch of concurrent sessions; ``close()`` drains it).
+    Temporary names start with "." in incoming/; every scan ignores them.
+
+Reading — ``QueueFile.open(path) -> QueueFile`` (SpoolError with the reason if the
+    file cannot be parsed): sender, arrival_time, rcpt_count, content_offset,
+    content_size, first_recipient_offset, envid, ret, smtputf8, body, client_name,
+    client_addr, helo, warn_time, warn_offset.
+    ``QueueFile.read_recipients(offset, limit) -> (list[RecipientRecord], next_offset)``
+    (next_offset 0 = no recipient left; D records skipped; memory bounded by limit).
+    ``RecipientRecord(address, offset, orcpt, notify)``; offset = its R type byte.
+
+In-place writes (call from a worker thread) — ``mark_done(path, offsets)``: R -> D, one
+    open, one fsync. ``rewrite_warn_time(path, warn_offset, value)`` (``WARNED`` = -1).
+
+Content — ``QueueFileContent(path, offset, size)`` / ``QueueFileContent.of(qf)``: a
+    ``ContentSource`` (async ``chunks()`` read off the loop); ``read_content(path)``.
+
+mailq — ``qmgrd.spool.mailq.mailq_command(config_dir, *, as_json, out) -> int``.
+"""
+
+from qmgrd.spool.commit import GroupCommitter
+from qmgrd.spool.content import QueueFileContent, read_content
+from qmgrd.spool.queueid import QueueIdGenerator, is_queue_id, new_queue_id
+from qmgrd.spool.reasons import ReasonKind, ReasonRecord
+from qmgrd.spool.records import (
+    WARNED,
+    Envelope,
+    QueueFile,
+    RecipientRecord,
+    RecipientSpec,
+    mark_done,
+    read_recipients,
+    rewrite_warn_time,
+)
+from qmgrd.spool.store import DIRECTORIES, QUEUES, QueueName, Spool
+
+__all__ = [
+    "DIRECTORIES",
+    "QUEUES",
+    "WARNED",
+    "Envelope",
+    "GroupCommitter",
+    "QueueFile",
+    "QueueFileContent",
+    "QueueIdGenerator",
+    "QueueName",
+    "ReasonKind",
+    "ReasonRecord",
+    "RecipientRecord",
+    "RecipientSpec",
+    "Spool",
+    "is_queue_id",
+    "mark_done",
+    "new_queue_id",
+    "read_content",
+    "read_recipients",
+    "rewrite_warn_time",
+]

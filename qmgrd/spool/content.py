@@ -1,0 +1,67 @@
+"""Message content as a byte range of a queue file (the agents' ``ContentSource``).
+
+The content is stored raw (as received, after SMTP dot-unstuffing), so an
+agent streams ``size`` bytes from ``offset`` and must do its own dot-stuffing.
+Reads happen in a worker thread, one chunk per hop, so a 100 MB message never
+blocks the event loop nor sits in memory whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from qmgrd.errors import SpoolError
+from qmgrd.spool.records import QueueFile
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFileContent:
+    """The content of one queue file; implements ``qmgrd.delivery.agent.ContentSource``."""
+
+    path: Path
+    offset: int
+    size: int
+
+    @classmethod
+    def of(cls, qf: QueueFile) -> QueueFileContent:
+        return cls(qf.path, qf.content_offset, qf.content_size)
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        """Yield the content in order; SpoolError if the file vanished or is short."""
+        try:
+            fd = await asyncio.to_thread(os.open, self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
+        try:
+            pos = self.offset
+            end = self.offset + self.size
+            while pos < end:
+                want = min(chunk_size, end - pos)
+                data = await asyncio.to_thread(os.pread, fd, want, pos)
+                if not data:
+                    raise SpoolError(f"{self.path}: content ends early at offset {pos}")
+                pos += len(data)
+                yield data
+        finally:
+            os.close(fd)
+
+    def read(self) -> bytes:
+        """The whole content, synchronously (bounces, tests)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.size)
+        except OSError as exc:
+            raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
+        if len(data) != self.size:
+            raise SpoolError(f"{self.path}: content ends early")
+        return data
+
+
+def read_content(path: Path) -> bytes:
+    """The content of a queue file, whole and synchronously (for bounce messages)."""
+    return QueueFileContent.of(QueueFile.open(path)).read()

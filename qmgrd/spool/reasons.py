@@ -1,0 +1,117 @@
+"""Per-message defer and bounce reason logs (``defer/ID``, ``bounce/ID``; DESIGN §3).
+
+The engine appends one record per recipient outcome it must remember:
+``defer`` collects the reasons of the current delivery pass (shown by mailq,
+used by delay warnings), ``bounce`` the hard failures that a DSN will report.
+A recipient is marked done in its queue file only after its bounce record
+is durable, so a crash can repeat a bounce line but never lose one.
+
+Format: JSON lines, appended with ``O_APPEND`` and fsynced (plus a directory
+fsync when the file is new). A torn last line (crash mid-append) is ignored
+by the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.queueid import is_queue_id
+
+ReasonKind = Literal["defer", "bounce"]
+Action = Literal["delayed", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReasonRecord:
+    """Why one recipient was deferred or bounced."""
+
+    address: str
+    dsn: str  # enhanced status code, e.g. "4.4.1"
+    action: Action
+    reason: str  # remote reply or local explanation
+    time: float  # when it happened (seconds since the epoch)
+    relay: str = "none"
+    orcpt: str | None = None
+
+
+def _path(root: Path, kind: ReasonKind, queue_id: str) -> Path:
+    if kind not in ("defer", "bounce") or not is_queue_id(queue_id):
+        raise InvariantError(f"bad reason log {kind!r}/{queue_id!r}")
+    return root / kind / queue_id
+
+
+def append_reasons(
+    root: Path,
+    kind: ReasonKind,
+    queue_id: str,
+    records: Iterable[ReasonRecord],
+    *,
+    fsync: bool = True,
+) -> None:
+    """Durably append records to the message's ``kind`` log (created if missing)."""
+    path = _path(root, kind, queue_id)
+    data = b"".join(
+        json.dumps(asdict(r), ensure_ascii=False, separators=(",", ":")).encode(
+            "utf-8", "surrogateescape"
+        )
+        + b"\n"
+        for r in records
+    )
+    if not data:
+        return
+    try:
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created and fsync:
+            dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+    except OSError as exc:
+        raise SpoolError(f"cannot write {kind} log {queue_id}: {exc.strerror}") from exc
+
+
+def read_reasons(root: Path, kind: ReasonKind, queue_id: str) -> list[ReasonRecord]:
+    """Every complete record of the message's ``kind`` log, in order; [] if none."""
+    path = _path(root, kind, queue_id)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise SpoolError(f"cannot read {kind} log {queue_id}: {exc.strerror}") from exc
+    out = []
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines[:-1], 1):  # the part after the last \n is torn
+        try:
+            obj = json.loads(line.decode("utf-8", "surrogateescape"))
+            out.append(ReasonRecord(**obj))
+        except (ValueError, TypeError) as exc:
+            raise SpoolError(f"{path}: line {number}: malformed reason record") from exc
+    return out
+
+
+def remove_reasons(root: Path, kind: ReasonKind, queue_id: str) -> bool:
+    """Delete the message's ``kind`` log; False if there was none."""
+    try:
+        os.unlink(_path(root, kind, queue_id))
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise SpoolError(f"cannot remove {kind} log {queue_id}: {exc.strerror}") from exc
+    return True
