@@ -219,6 +219,9 @@ class ConcurrencyWindow:
         self.fail_cohorts = 0.0
         if self.throttled:
             self.window = busy if busy > 0 else self.init
+            # busy never exceeds a non-zero limit unless a reload lowered it; keep the limit.
+            if self.limit > 0 and self.window > self.limit:
+                self.window = self.limit
             self.success = self.failure = 0.0
             return True
         if (self.limit == 0 or self.limit > self.window) and self.window < busy + self.init:
