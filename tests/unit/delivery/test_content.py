@@ -1,0 +1,68 @@
+"""DATA transparency encoding across chunk boundaries, and the in-memory content source."""
+
+from __future__ import annotations
+
+import re
+
+from aiosmtplib.protocol import normalize_message_line_endings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
+
+_PERIOD = re.compile(rb"(?m)^\.")
+
+
+def _reference(message: bytes) -> bytes:
+    """aiosmtplib's whole-message encoding (normalize, dot-stuff, terminate).
+
+    The one difference is deliberate: an empty message is a lone terminator
+    here, where aiosmtplib sends an empty line first.
+    """
+    if not message:
+        return b".\r\n"
+    return _PERIOD.sub(b"..", normalize_message_line_endings(message)) + b".\r\n"
+
+
+def _chunked(message: bytes, cuts: list[int]) -> bytes:
+    enc = DataEncoder()
+    out = []
+    prev = 0
+    for cut in sorted(c % (len(message) + 1) for c in cuts):
+        out.append(enc.feed(message[prev:cut]))
+        prev = max(prev, cut)
+    out.append(enc.feed(message[prev:]))
+    out.append(enc.finish())
+    return b"".join(out)
+
+
+def test_dot_stuffing_and_crlf_whole_message() -> None:
+    """Leading dots are doubled, bare LF and CR become CRLF and a final CRLF is added."""
+    assert encode_data(b".a\n..b\r\nc\rd") == b"..a\r\n...b\r\nc\r\nd\r\n.\r\n"
+
+
+def test_empty_message_is_just_the_terminator() -> None:
+    """An empty message is sent as a lone terminator line."""
+    assert encode_data(b"") == b".\r\n"
+
+
+def test_dot_after_chunk_boundary_is_stuffed() -> None:
+    """A dot starting a line is stuffed even when the line break ended the previous chunk."""
+    enc = DataEncoder()
+    assert enc.feed(b"a\r") + enc.feed(b"\n.b") + enc.finish() == b"a\r\n..b\r\n.\r\n"
+
+
+@given(
+    st.binary(max_size=200).map(lambda b: b.replace(b"x", b".").replace(b"y", b"\r")),
+    st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+)
+def test_chunked_encoding_equals_whole_message_encoding(message: bytes, cuts: list[int]) -> None:
+    """Encoding in arbitrary chunks gives exactly aiosmtplib's whole-message encoding."""
+    assert _chunked(message, cuts) == _reference(message)
+
+
+async def test_bytes_content_chunks() -> None:
+    """BytesContent yields its bytes in order in chunks of the requested size."""
+    content = BytesContent(b"abcdefg")
+    assert content.size == 7
+    assert [c async for c in content.chunks(3)] == [b"abc", b"def", b"g"]
