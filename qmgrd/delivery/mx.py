@@ -190,6 +190,9 @@ class MxResolver:
                 self._setup_error = f"no resolver configuration: {exc}"
         self._resolver.lifetime = timeout
         self._resolver.timeout = timeout
+        # Answers are cached for their TTL: a busy destination is looked up once per TTL,
+        # not once per delivery.
+        self._resolver.cache = dns.resolver.LRUCache(4096)
 
     async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
         """Resolve one destination to the addresses to try, best first."""

@@ -58,8 +58,7 @@ class DnsResponder(asyncio.DatagramProtocol):
         return f"{self.host}:{self.port}"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # a datagram transport
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         try:
