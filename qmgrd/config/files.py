@@ -49,7 +49,14 @@ class Setting:
 
 @dataclass(frozen=True, slots=True)
 class MasterEntry:
-    """One master.cf service. ``maxproc`` is resolved ("-" -> default_process_limit)."""
+    """One master.cf service, as the engine uses it.
+
+    ``maxproc`` is the service's limit on concurrent deliveries, resolved
+    ("-" -> default_process_limit; 0 means no limit, as in Postfix).
+    ``command`` names the agent (smtp, discard, error, retry, ...); qmgrd does
+    not check it, the engine does. ``overrides`` are the ``-o`` settings as
+    written (unexpanded); the `TransportConfig` view applies them.
+    """
 
     name: str
     type: str
