@@ -1,0 +1,274 @@
+"""Address resolution: transport_maps tables, lookup order, special transports, queue names."""
+
+from __future__ import annotations
+
+import pytest
+
+from qmgrd.core.resolve import (
+    EMPTY,
+    Resolved,
+    Resolver,
+    ResolverSettings,
+    TransportTable,
+    queue_name,
+)
+
+TEXTHASH = """\
+# transport table for tests
+user@example.com      relay:[10.0.0.9]:2525
+example.com           smtp:mx.example.net
+.example.com          relay:
+  # a comment inside does not end the entry above
+Sub.Example.org       error:5.1.2
+    host not found
+.example.org          :[192.0.2.1]
+*                     smtp:fallback.example
+"""
+
+INLINE = "inline:{ a.example=discard:, {b.example = retry:4.4.1 try later}, user@example.com=x: }"
+
+
+def table() -> TransportTable:
+    """The inline table first, then the texthash one (lookup order)."""
+    return TransportTable.from_specs([(INLINE, ""), ("texthash:/etc/qmgrd/transport", TEXTHASH)])
+
+
+def test_texthash_parsing() -> None:
+    """Texthash: key/value lines, # comments anywhere, continuation by leading whitespace,
+    keys folded to lower case."""
+    t = TransportTable.from_specs([("texthash:/t", TEXTHASH)])
+    assert dict(t.entries) == {
+        "user@example.com": "relay:[10.0.0.9]:2525",
+        "example.com": "smtp:mx.example.net",
+        ".example.com": "relay:",
+        "sub.example.org": "error:5.1.2 host not found",
+        ".example.org": ":[192.0.2.1]",
+        "*": "smtp:fallback.example",
+    }
+    assert t.warnings == ()
+
+
+def test_inline_parsing() -> None:
+    """Inline: comma/space separated key=value, braces protect spaces, '=' may be spaced."""
+    t = TransportTable.from_specs([(INLINE, "ignored")])
+    assert dict(t.entries) == {
+        "a.example": "discard:",
+        "b.example": "retry:4.4.1 try later",
+        "user@example.com": "x:",
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "text", "message"),
+    [
+        ("texthash:/t", "example.com\n", "/t, line 1: expected 'key whitespace value'"),
+        ("texthash:/t", "# c\n\n  indented\n", "/t, line 3: continuation line"),
+        ("texthash:/t", "a b\nlonely\n", "/t, line 2"),
+        ("inline:{ a=b, c }", "", "element 2: expected key=value"),
+        ("inline:{ a=b", "", "expected inline:{"),
+        ("inline:{ {a=b }", "", "unbalanced"),
+        ("inline:{ a=b} }", "", "unbalanced"),
+        ("hash:/etc/transport", "", "unsupported table type 'hash'"),
+        ("transport", "", "expected type:name"),
+    ],
+)
+def test_malformed_tables_raise_value_error_naming_the_line(
+    spec: str, text: str, message: str
+) -> None:
+    """Malformed tables raise ValueError that names the table and the offending line."""
+    with pytest.raises(ValueError, match="transport_maps") as info:
+        TransportTable.from_specs([(spec, text)])
+    assert message in str(info.value)
+
+
+def test_duplicate_keys_keep_first_with_warning() -> None:
+    """A duplicate key in one table keeps the first value and adds a warning (as texthash)."""
+    t = TransportTable.from_specs([("texthash:/t", "a.example x:\nA.example y:\n")])
+    assert t.lookup("u@a.example") == "x:"
+    assert t.warnings == ("/t, line 2: duplicate entry 'a.example' ignored",)
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("user@example.com", "x:"),  # full address, first table wins
+        ("USER@Example.COM", "x:"),  # keys are case-insensitive
+        ("other@example.com", "smtp:mx.example.net"),  # exact domain
+        ("u@deep.sub.example.com", "relay:"),  # .parent matches any subdomain depth
+        ("u@sub.example.org", "error:5.1.2 host not found"),  # exact beats .parent
+        ("u@x.sub.example.org", ":[192.0.2.1]"),  # closest .parent
+        ("u@example.org", "smtp:fallback.example"),  # .example.org is not example.org
+        ("u@a.example", "discard:"),  # inline table
+        ("u@elsewhere.test", "smtp:fallback.example"),  # wildcard last
+    ],
+)
+def test_lookup_order(address: str, expected: str) -> None:
+    """user@domain, then domain, then .parent domains, then *; first key found wins."""
+    assert table().lookup(address) == expected
+
+
+def test_key_precedence_beats_table_order() -> None:
+    """A more specific key in a later table beats a wildcard in an earlier one."""
+    t = TransportTable.from_specs([("inline:{ *=a: }", ""), ("inline:{ x.test=b: }", "")])
+    assert t.lookup("u@x.test") == "b:"
+    assert t.lookup("u@y.test") == "a:"
+
+
+def test_lookup_strips_address_extension() -> None:
+    """With a recipient delimiter, user+ext@domain falls back to user@domain before domain."""
+    t = TransportTable.from_specs([("inline:{ user@x.test=a:, x.test=b: }", "")])
+    assert t.lookup("user+tag@x.test", recipient_delimiter="+") == "a:"
+    assert t.lookup("user+tag@x.test") == "b:"
+    assert t.lookup("user-tag@x.test", recipient_delimiter="+-") == "a:"
+
+
+def test_empty_table_matches_nothing() -> None:
+    """EMPTY (no transport_maps) never matches."""
+    assert EMPTY.lookup("u@x.test") is None
+
+
+def resolver(**kwargs: object) -> Resolver:
+    """A resolver over the test tables with extra settings."""
+    return Resolver(ResolverSettings(transport_table=table(), **kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("address", "transport", "nexthop"),
+    [
+        ("user@example.com", "x", "example.com"),  # empty nexthop: recipient domain
+        ("other@example.com", "smtp", "mx.example.net"),
+        ("u@deep.sub.example.com", "relay", "deep.sub.example.com"),  # empty nexthop
+        ("u@x.sub.example.org", "smtp", "[192.0.2.1]"),  # empty transport: default
+        ("u@sub.example.org", "error", "5.1.2 host not found"),
+        ("u@b.example", "retry", "4.4.1 try later"),
+        ("u@a.example", "discard", "a.example"),
+        ("u@elsewhere.test", "smtp", "fallback.example"),
+    ],
+)
+def test_resolve_with_tables(address: str, transport: str, nexthop: str) -> None:
+    """Table values transport:nexthop with either part empty fill in from the default route."""
+    assert resolver().resolve(address) == Resolved(transport, nexthop, address)
+
+
+def test_resolve_default_route_without_tables() -> None:
+    """No table: default_transport to the recipient domain (lowercased), address unchanged."""
+    r = Resolver(ResolverSettings())
+    assert r.resolve("Bob@Example.COM") == Resolved("smtp", "example.com", "Bob@Example.COM")
+    assert r.resolve("u@[192.0.2.7]") == Resolved("smtp", "[192.0.2.7]", "u@[192.0.2.7]")
+    assert r.resolve("u@example.com.") == Resolved("smtp", "example.com", "u@example.com.")
+
+
+def test_relayhost_and_default_transport_nexthop() -> None:
+    """relayhost replaces the domain for the default route; default_transport's own nexthop
+    beats relayhost; an explicit table nexthop beats both."""
+    r = Resolver(ResolverSettings(relayhost="[127.0.0.1]:2525"))
+    assert r.resolve("u@x.test").nexthop == "[127.0.0.1]:2525"
+    r = Resolver(ResolverSettings(default_transport="relay:[10.1.1.1]", relayhost="[127.0.0.1]"))
+    assert r.resolve("u@x.test") == Resolved("relay", "[10.1.1.1]", "u@x.test")
+    r = Resolver(
+        ResolverSettings(
+            relayhost="[127.0.0.1]:2525",
+            transport_table=TransportTable.from_specs([("inline:{ x.test=smtp:[::1]:25 }", "")]),
+        )
+    )
+    assert r.resolve("u@x.test").nexthop == "[::1]:25"
+    assert r.resolve("u@y.test").nexthop == "[127.0.0.1]:2525"
+    with pytest.raises(ValueError, match="default_transport"):
+        Resolver(ResolverSettings(default_transport=":x"))
+
+
+def test_table_with_other_transport_and_empty_nexthop_uses_relayhost() -> None:
+    """A "relay:" value keeps the transport but takes the relayhost/domain, not default_transport's
+    nexthop (that belongs to the default transport)."""
+    settings = ResolverSettings(
+        default_transport="smtp:[10.1.1.1]",
+        relayhost="[127.0.0.1]",
+        transport_table=TransportTable.from_specs([("inline:{ x.test=relay:, y.test=: }", "")]),
+    )
+    r = Resolver(settings)
+    assert r.resolve("u@x.test") == Resolved("relay", "[127.0.0.1]", "u@x.test")
+    assert r.resolve("u@y.test") == Resolved("smtp", "[10.1.1.1]", "u@y.test")
+
+
+@pytest.mark.parametrize(
+    ("address", "nexthop"),
+    [
+        ("", "5.1.3 null recipient address"),
+        ("<>", "5.1.3 null recipient address"),
+        ("no-at-sign", "5.1.3 bad address syntax"),
+        ("@x.test", "5.1.3 bad address syntax"),
+        ("u@", "5.1.3 bad address syntax"),
+        ("u v@x.test", "5.1.3 bad address syntax"),
+        ("u@x..test", "5.1.3 bad address syntax"),
+        ("u@x_test!", "5.1.3 bad address syntax"),
+        ("a@b@x.test", "5.1.3 bad address syntax"),
+        ("u@[1.2.3.4", "5.1.3 bad address syntax"),
+    ],
+)
+def test_bad_and_null_addresses_go_to_error(address: str, nexthop: str) -> None:
+    """Unroutable addresses resolve to the error transport with a 5.1.3 text, never raise."""
+    assert resolver().resolve(address) == Resolved("error", nexthop, address)
+
+
+def test_quoted_local_part_with_at_sign_is_accepted() -> None:
+    """A quoted local part may contain '@'; the domain is after the last '@'."""
+    assert Resolver(ResolverSettings()).resolve('"a@b"@x.test').nexthop == "x.test"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("error:5.7.1 go away", ("error", "5.7.1 go away")),
+        ("error:no such user", ("error", "5.0.0 no such user")),
+        ("error:", ("error", "5.0.0 mail delivery failed")),
+        ("retry:4.3.5 system busy", ("retry", "4.3.5 system busy")),
+        ("retry:busy", ("retry", "4.0.0 busy")),
+        ("retry:", ("retry", "4.0.0 mail delivery deferred")),
+        ("error:5.1.1 user: unknown", ("error", "5.1.1 user: unknown")),
+    ],
+)
+def test_error_and_retry_keep_their_text(value: str, expected: tuple[str, str]) -> None:
+    """error:/retry: values keep their text as the nexthop, with a default DSN code if absent."""
+    t = TransportTable.from_specs([("texthash:/t", f"x.test {value}\n")])
+    r = Resolver(ResolverSettings(relayhost="[127.0.0.1]", transport_table=t))
+    got = r.resolve("u@x.test")
+    assert (got.transport, got.nexthop) == expected
+
+
+def test_default_transport_error() -> None:
+    """default_transport = error:text sends everything to error with that text."""
+    r = Resolver(ResolverSettings(default_transport="error:5.3.2 mail is disabled"))
+    assert r.resolve("u@x.test") == Resolved("error", "5.3.2 mail is disabled", "u@x.test")
+
+
+def test_defer_transports_without_and_with_flush() -> None:
+    """A deferred transport becomes retry "4.3.2 deferred transport" unless flushing."""
+    r = resolver(defer_transports=frozenset({"smtp"}))
+    assert r.resolve("u@elsewhere.test") == Resolved(
+        "retry", "4.3.2 deferred transport", "u@elsewhere.test"
+    )
+    assert r.resolve("u@elsewhere.test", flush=True) == Resolved(
+        "smtp", "fallback.example", "u@elsewhere.test"
+    )
+    # other transports are unaffected
+    assert r.resolve("u@deep.sub.example.com").transport == "relay"
+
+
+@pytest.mark.parametrize(
+    ("resolved", "limit", "delimiter", "name"),
+    [
+        (Resolved("smtp", "Example.COM", "u@example.com"), 50, "", "example.com"),
+        (Resolved("smtp", "[10.0.0.1]:2525", "u@x"), 0, "", "[10.0.0.1]:2525"),
+        (Resolved("local", "Host.Test", "Bob+Tag@host.test"), 1, "+", "bob@host.test"),
+        (Resolved("local", "host.test", "bob+tag@host.test"), 1, "", "bob+tag@host.test"),
+        (Resolved("local", "host.test", "bob-x+y@host.test"), 1, "+-", "bob@host.test"),
+        (Resolved("local", "host.test", "+bob@host.test"), 1, "+", "+bob@host.test"),
+        (Resolved("local", "h", "bob"), 1, "", "bob@h"),
+        (Resolved("error", "5.1.3 Bad Syntax", "u@x"), 1, "+", "5.1.3 bad syntax"),
+        (Resolved("retry", "4.3.2 deferred transport", "u@x"), 1, "", "4.3.2 deferred transport"),
+    ],
+)
+def test_queue_name(resolved: Resolved, limit: int, delimiter: str, name: str) -> None:
+    """Queue name: the nexthop, or localpart@nexthop without extension when the recipient limit
+    is 1 (not for error/retry); always lowercased."""
+    assert queue_name(resolved, recipient_limit=limit, recipient_delimiter=delimiter) == name
