@@ -1,0 +1,140 @@
+"""STARTTLS per smtp_tls_security_level against sinks with trustme certificates."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from qmgrd.delivery.agent import Outcome
+from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.delivery.smtp import SmtpAgent
+
+try:
+    from tests.integration.sinks import SinkConfig, make_request, smtp_sink
+except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
+    from sinks import SinkConfig, make_request, smtp_sink  # type: ignore[no-redef]
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    """A throwaway certificate authority."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def server_tls(ca: trustme.CA) -> ssl.SSLContext:
+    """A server context with a certificate for 127.0.0.1 signed by the test CA."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(ctx)
+    return ctx
+
+
+@pytest.fixture
+def ca_file(ca: trustme.CA, tmp_path: Path) -> Iterator[str]:
+    """The test CA's certificate as a PEM file (smtp_tls_CAfile)."""
+    path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    yield str(path)
+
+
+def _settings(level: str, **kwargs: object) -> SmtpSettings:
+    return SmtpSettings(
+        helo_name="client.test",
+        tls_security_level=level,
+        connect_timeout=5,
+        helo_timeout=5,
+        starttls_timeout=5,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+async def test_may_uses_tls_when_offered(server_tls: ssl.SSLContext) -> None:
+    """Level may upgrades with STARTTLS when offered, without verifying the certificate."""
+    async with smtp_sink(SinkConfig(tls_context=server_tls)) as sink:
+        agent = SmtpAgent(_settings("may"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert sink.messages[0].peer_tls is True
+    assert sink.commands.count("EHLO") == 2  # EHLO again after STARTTLS (RFC 3207 §4.2)
+
+
+async def test_may_without_starttls_sends_plaintext() -> None:
+    """Level may delivers in plaintext to a server that does not offer STARTTLS."""
+    async with smtp_sink() as sink:
+        agent = SmtpAgent(_settings("may"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert sink.messages[0].peer_tls is False
+
+
+async def test_may_falls_back_to_plaintext_after_failed_handshake(
+    server_tls: ssl.SSLContext,
+) -> None:
+    """Level may reconnects in plaintext when the TLS handshake fails."""
+    cfg = SinkConfig(tls_context=server_tls, break_starttls=True)
+    async with smtp_sink(cfg) as sink:
+        agent = SmtpAgent(_settings("may"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert result.hop is None
+    assert sink.connections == 2
+    assert sink.messages[0].peer_tls is False
+
+
+async def test_encrypt_uses_tls(server_tls: ssl.SSLContext) -> None:
+    """Level encrypt delivers over TLS to a server offering STARTTLS."""
+    async with smtp_sink(SinkConfig(tls_context=server_tls)) as sink:
+        agent = SmtpAgent(_settings("encrypt"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert sink.messages[0].peer_tls is True
+
+
+async def test_encrypt_without_starttls_defers_with_hop() -> None:
+    """Level encrypt defers with 4.7.4 and a hop status when the server lacks STARTTLS."""
+    async with smtp_sink() as sink:
+        agent = SmtpAgent(_settings("encrypt"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    rcpt = result.recipients[0]
+    assert (rcpt.outcome, rcpt.dsn) == (Outcome.DEFERRED, "4.7.4")
+    assert "TLS is required" in rcpt.reply
+    assert result.hop is not None and not sink.messages
+
+
+async def test_encrypt_failed_handshake_defers(server_tls: ssl.SSLContext) -> None:
+    """Level encrypt does not fall back to plaintext when the handshake fails."""
+    cfg = SinkConfig(tls_context=server_tls, break_starttls=True)
+    async with smtp_sink(cfg) as sink:
+        agent = SmtpAgent(_settings("encrypt"))
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert (result.recipients[0].outcome, result.recipients[0].dsn) == (Outcome.DEFERRED, "4.7.5")
+    assert result.hop is not None
+    assert sink.connections == 1 and not sink.messages
+
+
+async def test_verify_checks_certificate(server_tls: ssl.SSLContext, ca_file: str) -> None:
+    """Level verify succeeds with the right CA file and defers with an untrusted certificate."""
+    async with smtp_sink(SinkConfig(tls_context=server_tls)) as sink:
+        good = SmtpAgent(_settings("verify", tls_cafile=ca_file))
+        ok = await good.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await good.close()
+        other = trustme.CA()
+        bad_file = Path(ca_file).with_name("other.pem")
+        other.cert_pem.write_to_path(str(bad_file))
+        bad = SmtpAgent(_settings("verify", tls_cafile=str(bad_file)))
+        failed = await bad.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await bad.close()
+    assert ok.recipients[0].outcome is Outcome.SENT
+    assert (failed.recipients[0].outcome, failed.recipients[0].dsn) == (Outcome.DEFERRED, "4.7.5")
+    assert failed.hop is not None
+    assert len(sink.messages) == 1
