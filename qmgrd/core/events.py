@@ -1,0 +1,96 @@
+"""Events the scheduler reports to the engine, drained with ``Scheduler.pop_events()``.
+
+Contract
+--------
+Events are plain frozen values, in the order things happened:
+
+- :class:`MessageDone`: the message has no live entries and is fully read (Postfix
+  ``active_done`` after the last batch). The core has already freed it; the engine decides
+  delete / defer / bounce from its own per-recipient records.
+- :class:`RecipientsDeferred`: recipients that were not delivered because their destination or
+  transport is dead (entries deferred from a dead queue's todo list, or recipients resolved to a
+  dead destination in ``recipients_add``). The engine records them as deferred with ``status`` and
+  ``reason`` (Postfix moves them to the retry transport; we report them directly).
+- :class:`DestinationDead` / :class:`DestinationRevived`, :class:`TransportDead` /
+  :class:`TransportRevived`: state changes for the log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from qmgrd.core.message import Message, ResolvedRecipient
+
+__all__ = [
+    "DestinationDead",
+    "DestinationRevived",
+    "Event",
+    "MessageDone",
+    "RecipientsDeferred",
+    "TransportDead",
+    "TransportRevived",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDone:
+    """The message is finished in core: no live entries, nothing left to read."""
+
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class RecipientsDeferred:
+    """Recipients deferred without a delivery attempt (dead destination or transport)."""
+
+    message: Message
+    recipients: tuple[ResolvedRecipient, ...]
+    status: str  # DSN status, e.g. "4.4.1"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationDead:
+    """A destination queue was declared dead by negative feedback."""
+
+    transport: str
+    queue_name: str
+    nexthop: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationRevived:
+    """A dead destination queue is usable again (timer, successful delivery or flush)."""
+
+    transport: str
+    queue_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransportDead:
+    """A transport's agent could not run; its recipients are deferred until it revives."""
+
+    transport: str
+    status: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransportRevived:
+    """A dead transport is usable again."""
+
+    transport: str
+
+
+Event = (
+    MessageDone
+    | RecipientsDeferred
+    | DestinationDead
+    | DestinationRevived
+    | TransportDead
+    | TransportRevived
+)
