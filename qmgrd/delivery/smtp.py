@@ -47,6 +47,7 @@ the final reply read with ``read_response``.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import re
 import socket
@@ -399,7 +400,10 @@ class SmtpAgent:
         relay = ep.relay
         created = self.clock()
         family = socket.AF_INET6 if ":" in ep.addr else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        # Without TCP_NODELAY the end-of-data line waits for the delayed ACK of the content
+        # (Nagle): 40 ms per message. asyncio sets it only on sockets it creates itself.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         try:
@@ -409,7 +413,7 @@ class SmtpAgent:
             return _Failure("4.4.1", f"connect to {relay}: Connection timed out", relay, True)
         except OSError as exc:
             sock.close()
-            reason = exc.strerror or str(exc)
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
             return _Failure("4.4.1", f"connect to {relay}: {reason}", relay, True)
         self.stats.connections += 1
         smtp = aiosmtplib.SMTP(
