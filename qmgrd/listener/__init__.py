@@ -1,1 +1,20 @@
-"""listener."""
+"""The SMTP listener: aiosmtpd on the daemon's loop, relay policy, durable enqueue.
+
+Public API::
+
+    settings = ListenerSettings.from_config(cfg)          # or built directly in tests
+    handle = await start_listener(settings, spool, on_commit=engine_wakeup)
+    handle.addresses                                       # [(host, port)] actually bound
+    handle.close(); await handle.wait_closed()
+
+Replies follow Postfix's smtpd: clients outside ``mynetworks`` get ``554 5.7.1
+<rcpt>: Relay access denied`` at RCPT; ``message_size_limit`` → ``552 5.3.4``;
+more than ``smtpd_recipient_limit`` recipients → ``452 4.5.3``; bad recipient
+syntax → ``501 5.1.3`` (sender: ``501 5.1.7``); a spool failure → ``451 4.3.0``;
+success → ``250 2.0.0 Ok: queued as ID`` after the durable commit.
+"""
+
+from qmgrd.listener.server import ListenerHandle, start_listener
+from qmgrd.listener.settings import ListenerSettings, parse_networks
+
+__all__ = ["ListenerHandle", "ListenerSettings", "parse_networks", "start_listener"]

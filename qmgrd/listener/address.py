@@ -1,0 +1,128 @@
+"""Parsing the arguments of MAIL FROM and RCPT TO (RFC 5321 §4.1.2, RFC 6531).
+
+``parse_path`` splits ``<local@domain> PARAM=value ...`` into the address and
+its parameters, and checks the address syntax. It is deliberately a little
+more lenient than RFC 5321 where Postfix is (angle brackets may be omitted,
+a source route is accepted and dropped, consecutive dots in a local part are
+tolerated) and strict where a relay must be: the address needs a domain,
+may contain no controls or spaces outside a quoted local part, and
+non-ASCII characters only when the client announced SMTPUTF8.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import string
+from dataclasses import dataclass
+
+_ATEXT = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-/=?^_`{|}~.")
+_LABEL = frozenset(string.ascii_letters + string.digits + "-")
+
+
+class AddressError(ValueError):
+    """The address is malformed; ``str()`` says why (not sent to the client)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Path:
+    """A parsed reverse- or forward-path: the address and the ESMTP parameter words."""
+
+    address: str  # "" for the null reverse-path
+    params: tuple[str, ...]
+    non_ascii: bool  # the address contains UTF-8 (needs SMTPUTF8)
+
+
+def parse_path(arg: str) -> Path:
+    """Split and check ``<address> params``; raises AddressError on bad syntax."""
+    text = arg.lstrip(" ")
+    if text.startswith("<"):
+        end = _closing_bracket(text)
+        inner, rest = text[1:end], text[end + 1 :]
+        if rest and not rest.startswith(" "):
+            raise AddressError("text after the closing bracket")
+    else:
+        inner, _, rest = text.partition(" ")
+    if inner.startswith("@"):  # source route "@a,@b:user@c" (RFC 5321 §4.1.2): dropped
+        colon = inner.find(":")
+        if colon < 0:
+            raise AddressError("bad source route")
+        inner = inner[colon + 1 :]
+    if inner:
+        check_mailbox(inner)
+    return Path(inner, tuple(rest.split()), not inner.isascii())
+
+
+def _closing_bracket(text: str) -> int:
+    quoted = escaped = False
+    for i, ch in enumerate(text):
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quoted:
+            escaped = True
+        elif ch == '"':
+            quoted = not quoted
+        elif ch == ">" and not quoted:
+            return i
+    raise AddressError("missing closing bracket")
+
+
+def check_mailbox(address: str) -> None:
+    """Raise AddressError unless ``address`` is ``local-part@domain``."""
+    at = address.rfind("@")
+    if at <= 0:
+        raise AddressError("no local part or no domain")
+    local, domain = address[:at], address[at + 1 :]
+    _check_local(local)
+    _check_domain(domain)
+
+
+def _check_local(local: str) -> None:
+    if local.startswith('"'):
+        if len(local) < 2 or not local.endswith('"'):
+            raise AddressError("unterminated quoted local part")
+        body = local[1:-1]
+        i = 0
+        while i < len(body):
+            ch = body[i]
+            if ch == "\\":
+                i += 1
+                if i == len(body):
+                    raise AddressError("dangling backslash")
+            elif ch == '"' or (ch.isascii() and not (ch.isprintable() or ch == "\t")):
+                raise AddressError("bad character in quoted local part")
+            elif not ch.isascii() and not ch.isprintable():
+                raise AddressError("control character in local part")
+            i += 1
+        return
+    if local.startswith(".") or local.endswith("."):
+        raise AddressError("local part starts or ends with a dot")
+    for ch in local:
+        if ch in _ATEXT:
+            continue
+        if ch.isascii() or not ch.isprintable():
+            raise AddressError(f"bad character {ch!r} in local part")
+
+
+def _check_domain(domain: str) -> None:
+    if not domain:
+        raise AddressError("empty domain")
+    if domain.startswith("["):
+        if not domain.endswith("]"):
+            raise AddressError("unterminated address literal")
+        literal = domain[1:-1]
+        try:
+            if literal[:5].lower() == "ipv6:":
+                ipaddress.IPv6Address(literal[5:])
+            else:
+                ipaddress.IPv4Address(literal)
+        except ValueError:
+            raise AddressError("bad address literal") from None
+        return
+    for label in domain.rstrip(".").split("."):
+        if not label or label.startswith("-") or label.endswith("-"):
+            raise AddressError("bad domain label")
+        for ch in label:
+            if ch in _LABEL:
+                continue
+            if ch.isascii() or not ch.isalnum():
+                raise AddressError(f"bad character {ch!r} in domain")

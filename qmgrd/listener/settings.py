@@ -1,0 +1,81 @@
+"""The listener's settings: a frozen view of the smtpd parameters it needs."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Protocol
+
+from qmgrd.errors import ConfigError
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class _ConfigLike(Protocol):
+    """The part of ``qmgrd.config.Config`` the listener reads."""
+
+    def get_str(self, name: str) -> str: ...
+    def get_int(self, name: str) -> int: ...
+    def get_time(self, name: str) -> int: ...
+    def get_list(self, name: str) -> tuple[str, ...]: ...
+    def get_hostports(self, name: str) -> tuple[tuple[str, int], ...]: ...
+
+
+def parse_networks(items: tuple[str, ...] | list[str]) -> tuple[Network, ...]:
+    """Postfix-style mynetworks entries (``127.0.0.0/8``, ``[::1]/128``, bare addresses)."""
+    out: list[Network] = []
+    for item in items:
+        text = item.strip()
+        if text.startswith("["):
+            close = text.find("]")
+            if close < 0:
+                raise ConfigError(f"mynetworks: bad entry {item!r}")
+            text = text[1:close] + text[close + 1 :]
+        try:
+            out.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            raise ConfigError(
+                f"mynetworks: {item!r} is not a network (host names and files are not supported)"
+            ) from None
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """What the SMTP listener needs to know (Postfix smtpd parameter names)."""
+
+    listen: tuple[tuple[str, int], ...]  # smtpd_listen; port 0 = any free port (tests)
+    myhostname: str
+    mynetworks: tuple[Network, ...]
+    message_size_limit: int  # bytes; 0 = no limit
+    smtpd_recipient_limit: int
+    smtpd_timeout: float  # seconds
+    delay_warning_time: int = 0  # seconds; 0 = no W record
+
+    def __post_init__(self) -> None:
+        if self.smtpd_recipient_limit < 1:
+            raise ConfigError("smtpd_recipient_limit must be at least 1")
+        if self.message_size_limit < 0:
+            raise ConfigError("message_size_limit must not be negative")
+
+    @classmethod
+    def from_config(cls, cfg: _ConfigLike) -> ListenerSettings:
+        return cls(
+            listen=cfg.get_hostports("smtpd_listen"),
+            myhostname=cfg.get_str("myhostname"),
+            mynetworks=parse_networks(cfg.get_list("mynetworks")),
+            message_size_limit=cfg.get_int("message_size_limit"),
+            smtpd_recipient_limit=cfg.get_int("smtpd_recipient_limit"),
+            smtpd_timeout=float(cfg.get_time("smtpd_timeout")),
+            delay_warning_time=cfg.get_time("delay_warning_time"),
+        )
+
+    def permits_relay(self, addr: str) -> bool:
+        """Whether a client at ``addr`` is inside mynetworks."""
+        try:
+            ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        except ValueError:
+            return False
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in net for net in self.mynetworks)
