@@ -50,8 +50,30 @@ def parse_bool(text: str) -> bool:
 
 
 def split_list(text: str) -> tuple[str, ...]:
-    """Split on commas and whitespace, dropping empty elements."""
-    return tuple(part for part in _LIST_SPLIT_RE.split(text) if part)
+    """Split on commas and whitespace, dropping empty elements.
+
+    Text inside ``{ }`` stays in one element, as in Postfix lists, so a
+    ``transport_maps`` entry like ``inline:{ a=b, c=d }`` is not torn apart.
+    """
+    if "{" not in text:
+        return tuple(part for part in _LIST_SPLIT_RE.split(text) if part)
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "{":
+            depth += 1
+        elif ch == "}" and depth > 0:
+            depth -= 1
+        if depth == 0 and (ch == "," or ch.isspace()):
+            if current:
+                parts.append("".join(current))
+                current = []
+            continue
+        current.append(ch)
+    if current:
+        parts.append("".join(current))
+    return tuple(parts)
 
 
 def parse_hostport(text: str) -> tuple[str, int]:

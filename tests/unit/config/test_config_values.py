@@ -141,3 +141,11 @@ def test_convert_choices_and_hostport_checks() -> None:
     assert convert(PARAMS["metrics_listen"], "") == ""
     with pytest.raises(ValueError, match="host:port"):
         convert(PARAMS["metrics_listen"], "9100")
+
+
+def test_split_list_keeps_braced_groups_whole() -> None:
+    """A list element with `{ }` (an inline table) is not split at its inner commas and spaces."""
+    from qmgrd.config.values import split_list
+
+    assert split_list("inline:{ a=b, c=d }, texthash:/x") == ("inline:{ a=b, c=d }", "texthash:/x")
+    assert split_list("a, b  c") == ("a", "b", "c")
