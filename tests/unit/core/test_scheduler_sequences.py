@@ -8,7 +8,7 @@ from schedsim import Sim, digits
 from qmgrd.core import TransportParams
 
 
-def _serial(cost: int, loan: int, discount: int, **kw: int) -> TransportParams:
+def _serial(cost: int, loan: int, discount: int) -> TransportParams:
     """One delivery at a time, one recipient per entry."""
     return TransportParams(
         process_limit=1,
@@ -16,7 +16,6 @@ def _serial(cost: int, loan: int, discount: int, **kw: int) -> TransportParams:
         delivery_slot_cost=cost,
         delivery_slot_loan=loan,
         delivery_slot_discount=discount,
-        **kw,
     )
 
 
