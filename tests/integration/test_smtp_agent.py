@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -264,3 +266,43 @@ async def test_every_recipient_gets_a_result(count: int) -> None:
         result = await agent.deliver(make_request(sink.nexthop, addrs))
         await agent.close()
     assert [r.recipient.address for r in result.recipients] == addrs
+
+
+class _BrokenContent:
+    """A content source whose queue file read fails after the first chunk."""
+
+    size = 100
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        yield b"Subject: x\r\n\r\n"
+        raise OSError("read error on queue file")
+
+
+async def test_content_read_error_defers_without_hop() -> None:
+    """A queue-file read error during DATA defers with 4.3.0, no hop, and nothing delivered."""
+    async with smtp_sink() as sink:
+        agent = SmtpAgent(FAST)
+        request = dataclasses.replace(
+            make_request(sink.nexthop, ["a@x.test"]), content=_BrokenContent()
+        )
+        result = await agent.deliver(request)
+        await agent.close()
+    rcpt = result.recipients[0]
+    assert (rcpt.outcome, rcpt.dsn) == (Outcome.DEFERRED, "4.3.0")
+    assert "read error" in rcpt.reply
+    assert result.hop is None
+    assert not sink.messages
+
+
+async def test_unexpected_exception_becomes_deferral() -> None:
+    """An unexpected exception inside the agent is returned as a 4.3.0 deferral, never raised."""
+
+    class ExplodingResolver:
+        async def lookup(self, dest: object) -> object:
+            raise RuntimeError("boom")
+
+    agent = SmtpAgent(FAST, resolver=ExplodingResolver())  # type: ignore[arg-type]
+    result = await agent.deliver(make_request("example.test", ["a@x.test", "b@x.test"]))
+    await agent.close()
+    assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.0")}
+    assert result.hop is not None
