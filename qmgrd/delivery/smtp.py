@@ -279,7 +279,11 @@ class SmtpAgent:
             att.setup_time += self.clock() - t0
             sessions += 1
             t1 = self.clock()
-            reusable = await self._transaction(att, session)
+            try:
+                reusable = await self._transaction(att, session)
+            except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
+                session.smtp.close()
+                raise
             att.xfer_time += self.clock() - t1
             if reusable and store and self._may_reuse(session):
                 session.reuse_count += 1

@@ -306,3 +306,23 @@ async def test_unexpected_exception_becomes_deferral() -> None:
     await agent.close()
     assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.0")}
     assert result.hop is not None
+
+
+async def test_cancelled_delivery_closes_its_connection() -> None:
+    """Cancelling a delivery in the middle of a transaction closes its connection."""
+    async with smtp_sink(SinkConfig(stall=frozenset({"RCPT"}))) as sink:
+        agent = SmtpAgent(FAST)
+        task = asyncio.ensure_future(agent.deliver(make_request(sink.nexthop, ["a@x.test"])))
+        for _ in range(200):  # bounded: wait until the server is stalled in RCPT
+            if sink.active == 1 and "EHLO" in sink.commands:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if sink.active == 0:
+                break
+            await asyncio.sleep(0.01)
+        await agent.close()
+        assert sink.active == 0
