@@ -1,0 +1,118 @@
+"""``qmgrd -c DIR run`` end to end: a subprocess that accepts mail and stops on a signal."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import smtplib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 30
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(tmp_path: Path, port: int, extra: str = "") -> Path:
+    cfg = tmp_path / "etc"
+    cfg.mkdir()
+    (cfg / "main.cf").write_text(
+        f"queue_directory = ../spool\nsmtpd_listen = 127.0.0.1:{port}\n"
+        f"myhostname = mx.test\n{extra}"
+    )
+    (cfg / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
+    return cfg
+
+
+class Output:
+    """The daemon's stdout, read unbuffered (os.read) so select() never misses a line."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        self.fd = proc.stdout.fileno()
+        self.pending = b""
+
+    def wait_for(self, needle: str) -> list[str]:
+        """Lines up to and including the first one containing ``needle`` (bounded by TIMEOUT)."""
+        lines: list[str] = []
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            while b"\n" in self.pending:
+                raw, self.pending = self.pending.split(b"\n", 1)
+                lines.append(raw.decode())
+                if needle in lines[-1]:
+                    return lines
+            remaining = deadline - time.monotonic()
+            ready, _, _ = select.select([self.fd], [], [], max(remaining, 0))
+            chunk = os.read(self.fd, 65536) if ready else b""
+            if not chunk:
+                raise AssertionError(f"no {needle!r} in output: {lines}")
+            self.pending += chunk
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output, int, Path]]:
+    port = _free_port()
+    cfg = _config(tmp_path, port)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        yield proc, Output(proc), port, tmp_path / "spool"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_run_accepts_mail_and_stops_cleanly(
+    daemon: tuple[subprocess.Popen[bytes], Output, int, Path], signum: signal.Signals
+) -> None:
+    """The daemon creates its spool, queues a message in incoming/, and exits 0 on the signal."""
+    proc, out, port, spool = daemon
+    out.wait_for("daemon started")
+    for name in ("incoming", "active", "deferred", "hold", "corrupt", "defer", "bounce"):
+        assert (spool / name).is_dir()
+    with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
+        client.sendmail("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")
+    lines = out.wait_for("nrcpt=1")
+    queue_ids = os.listdir(spool / "incoming")
+    assert len(queue_ids) == 1
+    assert lines[-1].startswith(f"{queue_ids[0]}: client=unknown[127.0.0.1], from=<s@example.com>")
+    proc.send_signal(signum)
+    assert proc.wait(TIMEOUT) == 0
+    assert os.listdir(spool / "incoming") == queue_ids
+
+
+def test_run_with_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
+    """A listen address already taken is an operator error: exit 1, one line, no traceback."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cfg = _config(tmp_path, taken.getsockname()[1])
+        proc = subprocess.run(
+            [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
+            cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+        )
+    assert proc.returncode == 1
+    assert "smtpd_listen" in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
