@@ -1,0 +1,129 @@
+"""``qmgrd mailq``: the queue in Postfix's ``mailq`` / ``postqueue -j`` formats.
+
+Works on the spool directly, like Postfix's showq, so it needs no daemon and
+is safe while one runs: files that vanish or are being written meanwhile are
+skipped. Only recipients not yet done are listed; a recipient's latest
+reason in ``defer/ID`` is shown above it (text) or as ``delay_reason`` (JSON).
+
+Text format (postqueue(1) "compat" output)::
+
+    -Queue ID-  --Size-- ----Arrival Time---- -Sender/Recipient-------
+    1K0S428AJTYJ1JN*     1234 Thu Jan  1 00:00:00  sender@example.com
+    (connect to mx.example.com[192.0.2.1]:25: Connection refused)
+                                             rcpt@example.com
+
+    -- 2 Kbytes in 1 Request.
+
+``*`` marks active/, ``!`` hold/; the null sender prints as MAILER-DAEMON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from qmgrd.errors import SpoolError
+from qmgrd.spool.store import Spool
+
+_LISTED = ("incoming", "active", "deferred", "hold")
+_STATUS = {"active": "*", "hold": "!"}
+HEADER = "-Queue ID-  --Size-- ----Arrival Time---- -Sender/Recipient-------"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedMessage:
+    """One message as mailq shows it."""
+
+    queue_name: str
+    queue_id: str
+    arrival_time: float
+    message_size: int
+    sender: str
+    recipients: tuple[tuple[str, str | None], ...]  # (address, delay reason or None)
+
+
+def scan_queue(spool: Spool) -> list[QueuedMessage]:
+    """Every readable message in the listed queues, in queue id (arrival) order."""
+    out = []
+    for queue in _LISTED:
+        for queue_id in spool.list_ids(queue):
+            try:
+                qf = spool.open(queue, queue_id)
+                recipients = qf.read_all_recipients()
+                reasons = {r.address: r.reason for r in spool.read_reasons("defer", queue_id)}
+            except SpoolError:
+                continue  # moved, removed or being written meanwhile: showq skips it too
+            out.append(
+                QueuedMessage(
+                    queue,
+                    queue_id,
+                    qf.arrival_time,
+                    qf.content_size,
+                    qf.sender,
+                    tuple((r.address, reasons.get(r.address)) for r in recipients),
+                )
+            )
+    out.sort(key=lambda m: m.queue_id)
+    return out
+
+
+def format_text(messages: list[QueuedMessage]) -> str:
+    """Postfix mailq text for ``messages``."""
+    if not messages:
+        return "Mail queue is empty\n"
+    lines = [HEADER]
+    total = 0
+    for msg in messages:
+        total += msg.message_size
+        status = _STATUS.get(msg.queue_name, " ")
+        when = time.asctime(time.localtime(msg.arrival_time))[:20]
+        lines.append(
+            f"{msg.queue_id:<10}{status} {msg.message_size:>8} {when:<20} "
+            f"{msg.sender or 'MAILER-DAEMON'}"
+        )
+        shown: str | None = None
+        for address, reason in sorted(msg.recipients, key=lambda r: (r[1] or "", r[0])):
+            if reason is not None and reason != shown:
+                lines.append(f"({reason})")
+                shown = reason
+            lines.append(f"{'':41}{address}")
+        lines.append("")
+    count = len(messages)
+    kbytes = (total + 1023) // 1024
+    lines.append(f"-- {kbytes} Kbytes in {count} Request{'' if count == 1 else 's'}.")
+    return "\n".join(lines) + "\n"
+
+
+def format_json(messages: list[QueuedMessage]) -> str:
+    """One ``postqueue -j`` object per line."""
+    out = []
+    for msg in messages:
+        recipients: list[dict[str, str]] = []
+        for address, reason in msg.recipients:
+            item = {"address": address}
+            if reason is not None:
+                item["delay_reason"] = reason
+            recipients.append(item)
+        obj = {
+            "queue_name": msg.queue_name,
+            "queue_id": msg.queue_id,
+            "arrival_time": int(msg.arrival_time),
+            "message_size": msg.message_size,
+            "sender": msg.sender,
+            "recipients": recipients,
+        }
+        out.append(json.dumps(obj, ensure_ascii=False) + "\n")
+    return "".join(out)
+
+
+def mailq_command(config_dir: Path, *, as_json: bool, out: TextIO) -> int:
+    """``qmgrd mailq [--json]``: print the queue; 0 on success."""
+    from qmgrd.config import load_config
+
+    cfg = load_config(config_dir)
+    messages = scan_queue(Spool(cfg.get_path("queue_directory")))
+    out.write(format_json(messages) if as_json else format_text(messages))
+    return 0
