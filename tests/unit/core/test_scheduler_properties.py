@@ -93,7 +93,8 @@ def test_random_workloads_keep_invariants(
     cross-transport sponsoring, which the seed itself describes: a message whose first batch went
     to transport A reads its next batch on A's slots, and those recipients may all go to B;
     example: active_limit 1, minimum 1, smtp pool 3, relay pool 1, one message
-    smtp,relay,relay,relay puts 3 recipients on relay against a bound of 2.) When the core is empty every transport pool
+    smtp,relay,relay,relay puts 3 recipients on relay against a bound of 2.)
+    When the core is empty every transport pool
     is back at recipient_limit and nothing is reserved, linked or queued.
     """
     sp, tps, messages, script = work
