@@ -71,7 +71,7 @@ def _per_transport_in_core(sim: Sim) -> dict[str, int]:
 
 
 @settings(
-    max_examples=150,
+    max_examples=500,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -227,7 +227,7 @@ def test_random_workloads_keep_invariants(
     assert sim.sched.queue_count == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     n=st.integers(20, 120),
     k=st.integers(2, 6),
