@@ -109,7 +109,7 @@ async def _stop(engine: Engine, task: asyncio.Task[None]) -> None:
 
 
 async def test_delivers_every_recipient_once_and_empties_the_spool(tmp_path: Path) -> None:
-    """50 messages with 1-7 recipients over 3 domains: each recipient delivered once, spool empty."""
+    """50 messages, 1-7 recipients, 3 domains: each recipient delivered once, spool empty."""
     agent = FakeAgent()
     engine, spool, clock = _engine(tmp_path, agent)
     expected = set()
@@ -128,7 +128,7 @@ async def test_delivers_every_recipient_once_and_empties_the_spool(tmp_path: Pat
 async def test_deferred_recipients_are_retried_later_and_sent_ones_are_not_repeated(
     tmp_path: Path,
 ) -> None:
-    """A 450 recipient moves the message to deferred/ with a backoff mtime; the retry sends only it."""
+    """A 450 recipient sends the message to deferred/ (backoff mtime); the retry sends only it."""
     state = {"fail": True}
 
     def rule(addr: str) -> Verdict:
