@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config, load_config
+from qmgrd.daemon.assemble import create_engine
+from qmgrd.daemon.engine import Engine
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.log import configure_logging, get_logger
@@ -29,19 +31,28 @@ async def serve(
     *,
     stop: asyncio.Event | None = None,
     ready: Callable[[ListenerHandle], None] | None = None,
+    engine_ready: Callable[[Engine], None] | None = None,
 ) -> None:
-    """Run the daemon until ``stop`` is set (never, if None); ``ready`` sees the listener."""
+    """Run the daemon until ``stop`` is set (never, if None); ``ready`` sees the listener.
+
+    Start order: spool directories, the engine (which recovers ``active/`` and
+    scans ``incoming/`` before it delivers), then the listener, whose commits
+    wake the engine. Stop order is the reverse: no new mail is accepted, then
+    in-flight deliveries get ``shutdown_timeout`` to finish.
+    """
     log = get_logger("master")
     spool = Spool(cfg.get_path("queue_directory"))
     spool.ensure_dirs()
-    stale = spool.remove_temp_files()
-    if stale:
-        log.info("removed unfinished queue files", count=stale)
-    # The queue manager engine plugs in here: recover active/, then scan incoming/
-    # and deferred/; its wake-up becomes the listener's on_commit.
-    listener = await start_listener(
-        ListenerSettings.from_config(cfg), spool, on_commit=lambda _queue_id: None
-    )
+    engine = create_engine(cfg, spool=spool)
+    engine_task = asyncio.get_running_loop().create_task(engine.run())
+    try:
+        listener = await start_listener(
+            ListenerSettings.from_config(cfg), spool, on_commit=engine.notify_incoming
+        )
+    except BaseException:
+        engine.stop()
+        await engine_task
+        raise
     log.info(
         f"daemon started -- version {VERSION}, configuration {cfg.config_dir}",
         queue_directory=str(spool.root),
@@ -49,11 +60,20 @@ async def serve(
     try:
         if ready is not None:
             ready(listener)
-        await (stop or asyncio.Event()).wait()
+        if engine_ready is not None:
+            engine_ready(engine)
+        stop_wait = asyncio.ensure_future((stop or asyncio.Event()).wait())
+        done, _ = await asyncio.wait({stop_wait, engine_task}, return_when=asyncio.FIRST_COMPLETED)
+        if engine_task in done:
+            stop_wait.cancel()
+            engine_task.result()  # an engine crash is fatal: surface it
     finally:
         log.info("stopping the daemon")
         listener.close()
         await listener.wait_closed()
+        engine.stop()
+        if not engine_task.done():
+            await engine_task
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -12,8 +12,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiosmtpd.controller import Controller
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30
@@ -62,10 +64,35 @@ class Output:
             self.pending += chunk
 
 
+class _Recorder:
+    """aiosmtpd handler that keeps every envelope it receives."""
+
+    def __init__(self) -> None:
+        self.envelopes: list[tuple[str, list[str], bytes]] = []
+
+    async def handle_DATA(self, _server: object, _session: object, envelope: Any) -> str:
+        self.envelopes.append((envelope.mail_from, list(envelope.rcpt_tos), envelope.content))
+        return "250 2.0.0 Ok: stored"
+
+
 @pytest.fixture
-def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output, int, Path]]:
+def sink() -> Iterator[tuple[_Recorder, int]]:
+    """A thread-run SMTP sink on 127.0.0.1 that the daemon relays to."""
+    recorder = _Recorder()
+    controller = Controller(recorder, hostname="127.0.0.1", port=_free_port())
+    controller.start()
+    try:
+        yield recorder, controller.port
+    finally:
+        controller.stop()
+
+
+@pytest.fixture
+def daemon(
+    tmp_path: Path, sink: tuple[_Recorder, int]
+) -> Iterator[tuple[subprocess.Popen[bytes], Output, int, Path]]:
     port = _free_port()
-    cfg = _config(tmp_path, port)
+    cfg = _config(tmp_path, port, f"relayhost = [127.0.0.1]:{sink[1]}\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
         cwd=REPO,
@@ -85,9 +112,11 @@ def daemon(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output, in
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_run_accepts_mail_and_stops_cleanly(
-    daemon: tuple[subprocess.Popen[bytes], Output, int, Path], signum: signal.Signals
+    daemon: tuple[subprocess.Popen[bytes], Output, int, Path],
+    sink: tuple[_Recorder, int],
+    signum: signal.Signals,
 ) -> None:
-    """The daemon creates its spool, queues a message in incoming/, and exits 0 on the signal."""
+    """The daemon creates its spool, queues and relays a message, and exits 0 on the signal."""
     proc, out, port, spool = daemon
     out.wait_for("daemon started")
     for name in ("incoming", "active", "deferred", "hold", "corrupt", "defer", "bounce"):
@@ -95,12 +124,16 @@ def test_run_accepts_mail_and_stops_cleanly(
     with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
         client.sendmail("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")
     lines = out.wait_for("nrcpt=1")
-    queue_ids = os.listdir(spool / "incoming")
-    assert len(queue_ids) == 1
-    assert lines[-1].startswith(f"{queue_ids[0]}: client=unknown[127.0.0.1], from=<s@example.com>")
+    queue_id = lines[-1].split(":", 1)[0]
+    assert lines[-1].startswith(f"{queue_id}: client=unknown[127.0.0.1], from=<s@example.com>")
+    sent = out.wait_for("status=sent")[-1]
+    assert sent.startswith(f"{queue_id}: to=<r@example.com>, relay=127.0.0.1[127.0.0.1]:")
+    out.wait_for(f"{queue_id}: removed")
+    assert sink[0].envelopes == [("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")]
     proc.send_signal(signum)
     assert proc.wait(TIMEOUT) == 0
-    assert os.listdir(spool / "incoming") == queue_ids
+    for name in ("incoming", "active", "deferred"):
+        assert os.listdir(spool / name) == []
 
 
 def test_run_with_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
@@ -111,7 +144,11 @@ def test_run_with_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
         cfg = _config(tmp_path, taken.getsockname()[1])
         proc = subprocess.run(
             [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
-            cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, check=False,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
         )
     assert proc.returncode == 1
     assert "smtpd_listen" in proc.stderr
