@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from qmgrd.config import Config
+from qmgrd.config import Config, load_config
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
@@ -25,6 +25,7 @@ from qmgrd.daemon.settings import (
 from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.errors import ConfigError
 from qmgrd.log import get_logger
 from qmgrd.spool import Spool
 
@@ -68,3 +69,32 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+
+
+def reload_engine(engine: Engine, config_dir: Path) -> Config | None:
+    """SIGHUP: re-read main.cf and master.cf and apply them; None (old config kept) on error.
+
+    Everything is built before anything is swapped in, so a bad file changes
+    nothing: the error is logged with its file, line and parameter.
+    """
+    log = get_logger("master")
+    try:
+        cfg = load_config(config_dir)
+        settings = engine_settings(cfg)
+        params = transport_params_fn(cfg, lambda text: log.warning(text))
+        resolver = Resolver(resolver_settings(cfg, _read_text))
+        sched = scheduler_params(cfg)
+        agents = create_agents(cfg)
+    except (ConfigError, ValueError) as exc:
+        log.error(f"reload refused, keeping the running configuration: {exc}")
+        return None
+    for warning in cfg.warnings:
+        log.warning(warning)
+    engine.reload(
+        settings=settings,
+        scheduler_params=sched,
+        transport_params=params,
+        resolver=resolver,
+        agents=agents,
+    )
+    return cfg

@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,7 +60,7 @@ from qmgrd.core.events import (
     TransportRevived,
 )
 from qmgrd.core.message import Message, ReadRequest, ResolvedRecipient
-from qmgrd.core.params import TransportParams
+from qmgrd.core.params import SchedulerParams, TransportParams
 from qmgrd.core.resolve import Resolver, queue_name
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock
@@ -96,6 +96,7 @@ __all__ = ["ActiveMessage", "Engine", "EngineStats"]
 _CRASH_DSN = "4.3.0"
 _CRASH_REASON = "unknown mail transport error"
 _NO_TRANSPORT_REASON = "mail transport unavailable"
+_RETRY_DELAY = 5.0  # seconds before file work that failed (disk full, EIO) is tried again
 
 
 @dataclass(slots=True, eq=False)
@@ -109,6 +110,7 @@ class ActiveMessage:
     deferred: bool = False  # some recipient was deferred in this pass
     bounced: bool = False  # the bounce log holds reasons not yet returned to the sender
     corrupt: str | None = None  # the file turned out unreadable mid-pass
+    pending_op: str | None = None  # hold | delete | requeue, applied when the pass ends
     pending_defer: list[ReasonRecord] = field(default_factory=list)  # not yet in defer/
 
 
@@ -175,8 +177,16 @@ class Engine:
         self._flush_next_scan = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._deliveries: set[asyncio.Task[Any]] = set()
+        self._pending_ops: dict[str, str] = {}  # ops for messages being loaded
+        self._started_at = clock.now()
         self._passes = 0
         self._pass_cond = asyncio.Condition()
+        # File work that failed (disk full, I/O error) is retried after retry_delay:
+        # finishes of messages left in active/, and a rescan of incoming/ for messages
+        # whose move to active/ failed (incoming/ is otherwise scanned only at start).
+        self.retry_delay = _RETRY_DELAY
+        self._finish_retries: list[tuple[float, ActiveMessage]] = []
+        self._incoming_rescan_due = 0.0  # 0 = none pending
 
     # ------------------------------------------------------------------ wakeups
 
@@ -212,6 +222,8 @@ class Engine:
             and self._loading == 0
             and not self._tasks
             and not self._deliveries
+            and not self._finish_retries
+            and not self._incoming_rescan_due
         )
 
     async def wait_idle(self) -> None:
@@ -269,6 +281,9 @@ class Engine:
         deadline = self.scheduler.next_deadline()
         if self._deferred_scan_due and (deadline is None or self._deferred_scan_due < deadline):
             deadline = self._deferred_scan_due
+        retry = self._next_retry()
+        if retry is not None and (deadline is None or retry < deadline):
+            deadline = retry
         timeout = None if deadline is None else max(0.0, deadline - now)
         if self._kick.is_set():
             return
@@ -315,6 +330,8 @@ class Engine:
 
     def _pass(self, now: float) -> None:
         self.scheduler.run_timers(now)
+        if self._finish_retries or self._incoming_rescan_due:
+            self._run_retries(now)
         if self._deferred_scan_due <= now and not self._deferred_scan_running:
             self._deferred_scan_due = now + self.settings.queue_run_delay
             self._deferred_scan_running = True
@@ -359,7 +376,12 @@ class Engine:
     # ------------------------------------------------------------------ feeding
 
     async def _scan_incoming(self) -> None:
-        ids = await self.io.submit(lambda: self.spool.list_ids("incoming"))
+        try:
+            ids = await self.io.submit(lambda: self.spool.list_ids("incoming"))
+        except (OSError, SpoolError) as exc:
+            self.log.error("cannot scan the incoming queue", error=str(exc))
+            self._incoming_rescan_due = self.clock.now() + self.retry_delay
+            return
         for queue_id in ids:
             if queue_id not in self._known:
                 self._known.add(queue_id)
@@ -372,7 +394,7 @@ class Engine:
                 ids = await self.io.submit(lambda: self.spool.list_ids("deferred"))
             else:
                 ids = await self.io.submit(lambda: self.spool.due_ids("deferred", now))
-        except OSError as exc:
+        except (OSError, SpoolError) as exc:
             self.log.error("cannot scan the deferred queue", error=str(exc))
             ids = []
         finally:
@@ -404,11 +426,17 @@ class Engine:
         def work() -> tuple[Path, QueueFile | SpoolError, bool] | None:
             try:
                 path = self.spool.move(queue_id, src, "active")
-            except FileNotFoundError:
-                return None  # deleted or moved by an operator meanwhile
-            # A new pass: the defer log describes only the current pass (notes §9).
-            self.spool.remove_reasons("defer", queue_id)
-            bounced = bool(self.spool.read_reasons("bounce", queue_id))
+            except SpoolError:
+                if not self.spool.path(src, queue_id).exists():
+                    return None  # deleted or moved by an operator meanwhile
+                raise
+            try:
+                # A new pass: the defer log describes only the current pass (notes §9).
+                self.spool.remove_reasons("defer", queue_id)
+                bounced = bool(self.spool.read_reasons("bounce", queue_id))
+            except SpoolError:
+                self.spool.move(queue_id, "active", src)  # back where a retry finds it
+                raise
             try:
                 return path, QueueFile.open(path), bounced
             except SpoolError as exc:
@@ -416,12 +444,15 @@ class Engine:
 
         try:
             loaded = await self.io.submit(work)
-        except OSError as exc:
+        except (OSError, SpoolError) as exc:
             self.log.error(
                 "cannot move message to the active queue", queue_id=queue_id, error=str(exc)
             )
             self._known.discard(queue_id)
             self._loading -= 1
+            if src == "incoming" and not self._incoming_rescan_due:
+                # deferred/ is rescanned every queue_run_delay; incoming/ needs a retry.
+                self._incoming_rescan_due = self.clock.now() + self.retry_delay
             return
         self._loading -= 1
         if loaded is None:
@@ -432,6 +463,7 @@ class Engine:
             await self._quarantine(queue_id, str(qf))
             return
         msg = ActiveMessage(queue_id, path, qf, queued_time=now, bounced=bounced)
+        msg.pending_op = self._pending_ops.pop(queue_id, None)
         self.scheduler.message_create(
             queue_id,
             queued_time=now,
@@ -451,7 +483,7 @@ class Engine:
     async def _quarantine(self, queue_id: str, reason: str) -> None:
         try:
             await self.io.submit(lambda: self.spool.quarantine("active", queue_id, reason))
-        except OSError as exc:
+        except (OSError, SpoolError) as exc:
             self.log.error(
                 "cannot quarantine corrupt queue file", queue_id=queue_id, error=str(exc)
             )
@@ -498,6 +530,11 @@ class Engine:
             entry = self.scheduler.select(now)
             if entry is None:
                 return
+            if _active(entry.message).pending_op is not None:
+                # Held, deleted or requeued by the operator: hand nothing more out; the
+                # recipients stay R (a "crash" gives no feedback and marks nothing).
+                self.scheduler.entry_done(entry, crashed=True, now=now)
+                continue
             agent = self.agents.get(entry.transport)
             if agent is None:
                 self.scheduler.transport_failed(
@@ -580,7 +617,7 @@ class Engine:
 
         try:
             await self.io.submit(work)
-        except OSError as exc:
+        except (OSError, SpoolError) as exc:
             # Nothing is lost: unmarked recipients stay R and the message is retried.
             msg.deferred = True
             msg.pending_defer.extend(defer)
@@ -654,18 +691,28 @@ class Engine:
         now = self.clock.now()
         try:
             outcome = await self.io.submit(lambda: self._finish_files(msg, now))
-        except OSError as exc:
-            # The file stays in active/; the next start (or pass) retries it.
+        except (OSError, SpoolError) as exc:
+            # The file stays in active/ (a move or unlink is all or nothing) and the
+            # finish is retried after retry_delay; a notice it may have enqueued
+            # already is found by the rescan of incoming/ that goes with the retry.
+            retry = now + self.retry_delay
             self.log.error(
                 "cannot finish message; it stays in the active queue",
                 queue_id=msg.queue_id,
                 error=str(exc),
+                retry=datetime.fromtimestamp(retry, UTC).isoformat(),
             )
-            outcome = _FinishOutcome("error", detail=str(exc))
+            self._finish_retries.append((retry, msg))
+            if not self._incoming_rescan_due:
+                self._incoming_rescan_due = retry
+            self._kick.set()
+            return
         self._known.discard(msg.queue_id)
         for notice_id in outcome.notices:
             self.notify_incoming(notice_id)
-        if outcome.action == "removed":
+        if outcome.action in _OP_LOG:
+            self._op_done(msg.queue_id, outcome.action)
+        elif outcome.action == "removed":
             self.stats.messages_removed += 1
             self.log.info("removed", queue_id=msg.queue_id)
         elif outcome.action == "deferred":
@@ -705,11 +752,14 @@ class Engine:
         if msg.corrupt is not None:
             spool.quarantine("active", qid, msg.corrupt)
             return _FinishOutcome("corrupt", detail=msg.corrupt)
+        if msg.pending_op is not None:
+            return _FinishOutcome(self._apply_op_files(msg.pending_op, qid, "active", now))
         notices: list[str] = []
         if msg.bounced:
             records = spool.read_reasons("bounce", qid)
             if records and qf.sender:
                 notices.append(self._enqueue_notice(msg, records, "failure", now))
+            msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
         if not msg.deferred:
             spool.remove("active", qid)
@@ -756,6 +806,23 @@ class Engine:
         spool.move(qid, "active", "deferred", mtime=when)
         return _FinishOutcome("deferred", tuple(notices), next_attempt=when)
 
+    def _next_retry(self) -> float | None:
+        times = [when for when, _msg in self._finish_retries]
+        if self._incoming_rescan_due:
+            times.append(self._incoming_rescan_due)
+        return min(times) if times else None
+
+    def _run_retries(self, now: float) -> None:
+        """Start the file work whose retry time has come (see ``retry_delay``)."""
+        if self._incoming_rescan_due and self._incoming_rescan_due <= now:
+            self._incoming_rescan_due = 0.0
+            self._spawn(self._scan_incoming())
+        due = [msg for when, msg in self._finish_retries if when <= now]
+        if due:
+            self._finish_retries = [(w, m) for w, m in self._finish_retries if w > now]
+            for msg in due:
+                self._spawn(self._finish(msg))
+
     def _enqueue_notice(
         self,
         msg: ActiveMessage,
@@ -801,6 +868,228 @@ class Engine:
             client_addr="127.0.0.1",
         )
         return self.spool.commit(envelope, body)
+
+    # ------------------------------------------------------------------ control
+
+    def request_incoming_scan(self) -> None:
+        """Look at ``incoming/`` again (files dropped there by hand or by ``requeue``)."""
+        self._spawn(self._scan_incoming())
+
+    def _enqueue_deferred(self, queue_id: str) -> None:
+        if queue_id not in self._known:
+            self._known.add(queue_id)
+            self._deferred.append(queue_id)
+        self._kick.set()
+
+    async def flush_destination(self, domain: str) -> int:
+        """Forget that ``domain`` is dead and retry the deferred mail that has recipients there."""
+        now = self.clock.now()
+        domain = domain.strip().lower().strip("[]")
+        self.scheduler.flush_destination(domain, now)
+
+        def work() -> list[str]:
+            matches = []
+            for queue_id in self.spool.list_ids("deferred"):
+                try:
+                    qf = self.spool.open("deferred", queue_id)
+                    recipients = qf.read_all_recipients()
+                except (SpoolError, OSError):
+                    continue
+                if any(r.address.rpartition("@")[2].lower() == domain for r in recipients):
+                    matches.append(queue_id)
+            return matches
+
+        ids = await self.io.submit(work)
+        for queue_id in ids:
+            self._enqueue_deferred(queue_id)
+        return len(ids)
+
+    async def flush_message(self, queue_id: str) -> bool:
+        """Retry one deferred message now; False if it is not in ``deferred/``."""
+        path = self.spool.path("deferred", queue_id)
+        exists = await self.io.submit(path.is_file)
+        if exists:
+            self._enqueue_deferred(queue_id)
+        return exists
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready snapshot of what is in core (the control socket's ``status``)."""
+        transports = []
+        for transport in self.scheduler.transports():
+            queues = []
+            for queue in transport.queues.values():
+                window = queue.window
+                state = "dead" if window.throttled else "suspended" if window.suspended else "ready"
+                queues.append(
+                    {
+                        "name": queue.name,
+                        "nexthop": queue.nexthop,
+                        "window": window.window,
+                        "busy": len(queue.busy),
+                        "todo": len(queue.todo),
+                        "state": state,
+                        "reason": " ".join(queue.dsn) if queue.dsn else None,
+                    }
+                )
+            transports.append(
+                {
+                    "name": transport.name,
+                    "dead": transport.dead,
+                    "busy": transport.busy,
+                    "reason": " ".join(transport.dsn) if transport.dsn else None,
+                    "queues": queues,
+                }
+            )
+        stats = self.stats
+        return {
+            "uptime": round(self.clock.now() - self._started_at, 3),
+            "messages_in_core": self.scheduler.message_count,
+            "recipients_in_core": self.scheduler.rcpt_count,
+            "messages_waiting": len(self._incoming) + len(self._deferred),
+            "stats": {name: getattr(stats, name) for name in stats.__slots__},
+            "transports": transports,
+        }
+
+    async def operate(self, op: str, queue_ids: Sequence[str] | None) -> dict[str, str]:
+        """hold / release / delete / requeue, safely beside running deliveries.
+
+        A message in core is marked: no new delivery of it starts, deliveries in
+        flight finish, and the operation is applied when its pass ends
+        ("pending"). Other messages are moved or removed here, by the engine, so
+        the spool never has two writers.
+        """
+        if op not in _OPS:
+            raise ValueError(f"unknown operation {op!r}")
+        if queue_ids is None:
+            sources = ("hold",) if op == "release" else ("incoming", "deferred", "hold")
+            listed = await self.io.submit(
+                lambda: [q for src in sources for q in self.spool.list_ids(src)]
+            )
+            in_core = [] if op == "release" else list(self._core_ids())
+            queue_ids = sorted(set(listed) | set(in_core))
+        results: dict[str, str] = {}
+        for queue_id in queue_ids:
+            results[queue_id] = await self._operate_one(op, queue_id)
+        self._kick.set()
+        return results
+
+    def _core_ids(self) -> list[str]:
+        return [q for q in self._known if self.scheduler.find_message(q) is not None]
+
+    async def _operate_one(self, op: str, queue_id: str) -> str:
+        message = self.scheduler.find_message(queue_id)
+        if message is not None:
+            if op == "release":
+                return "not found"  # an active message is not on hold
+            _active(message).pending_op = op
+            self._kick.set()
+            return "pending"
+        if queue_id in self._known:
+            waiting = self._dequeue_waiting(queue_id)
+            if not waiting:  # being loaded right now: apply once it is in core
+                if op == "release":
+                    return "not found"
+                self._pending_ops[queue_id] = op
+                return "pending"
+        now = self.clock.now()
+
+        def work() -> str:
+            for src in ("hold",) if op == "release" else ("incoming", "deferred", "hold"):
+                if self.spool.path(src, queue_id).is_file():
+                    if op == "hold" and src == "hold":
+                        return "ok"
+                    return self._apply_op_files(op, queue_id, src, now)
+            return "not found"
+
+        try:
+            action = await self.io.submit(work)
+        except (OSError, SpoolError) as exc:
+            self.log.error("operation failed", queue_id=queue_id, op=op, error=str(exc))
+            return f"error: {exc}"
+        if action == "not found":
+            return action
+        self._op_done(queue_id, action)
+        return "ok"
+
+    def _dequeue_waiting(self, queue_id: str) -> bool:
+        for waiting in (self._incoming, self._deferred):
+            if queue_id in waiting:
+                waiting.remove(queue_id)
+                self._known.discard(queue_id)
+                return True
+        return False
+
+    def _apply_op_files(self, op: str, queue_id: str, src: str, now: float) -> str:
+        """The file side of an operation (worker thread); returns the action for the log."""
+        spool = self.spool
+        if op == "hold":
+            spool.move(queue_id, src, "hold")
+            return "held"
+        if op == "delete":
+            spool.remove(src, queue_id)
+            spool.remove_reasons("defer", queue_id)
+            spool.remove_reasons("bounce", queue_id)
+            return "deleted"
+        if op == "requeue":
+            spool.move(queue_id, src, "incoming", mtime=now)
+            return "requeued"
+        spool.move(queue_id, src, "deferred", mtime=now)  # release
+        return "released"
+
+    def _op_done(self, queue_id: str, action: str) -> None:
+        self.log.info(_OP_LOG[action], queue_id=queue_id)
+        if action == "requeued":
+            self.notify_incoming(queue_id)
+        elif action == "released":
+            self._enqueue_deferred(queue_id)
+
+    # ------------------------------------------------------------------ reload
+
+    def reload(
+        self,
+        *,
+        settings: EngineSettings,
+        scheduler_params: SchedulerParams,
+        transport_params: Callable[[str], TransportParams],
+        resolver: Resolver,
+        agents: Mapping[str, Agent],
+    ) -> None:
+        """Apply a new configuration without dropping in-core mail (SIGHUP).
+
+        Live destinations keep their state and take the new limits; new
+        deliveries use the new agents; the old agents are closed once the
+        deliveries that are using them finish.
+        """
+        self.settings = settings
+        self.resolver = resolver
+        self.transport_params = transport_params
+        self.scheduler.update_params(scheduler_params, transport_params)
+        old_agents = list(self.agents.values())
+        self.agents = dict(agents)
+        in_flight = set(self._deliveries)
+        self._spawn(self._close_agents_after(old_agents, in_flight))
+        self.log.info("configuration reloaded")
+        self._kick.set()
+
+    async def _close_agents_after(
+        self, agents: list[Agent], deliveries: set[asyncio.Task[Any]]
+    ) -> None:
+        if deliveries:
+            await asyncio.gather(*deliveries, return_exceptions=True)
+        for agent in agents:
+            try:
+                await agent.close()
+            except Exception as exc:  # an old agent failing to close must not stop the daemon
+                self.log.warning("agent close failed", error=repr(exc))
+
+
+_OPS = frozenset({"hold", "release", "delete", "requeue"})
+_OP_LOG = {
+    "held": "held by the operator",
+    "released": "released from hold",
+    "deleted": "removed by the operator",
+    "requeued": "requeued",
+}
 
 
 # ---------------------------------------------------------------------- helpers

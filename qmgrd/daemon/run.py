@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config, load_config
-from qmgrd.daemon.assemble import create_engine
+from qmgrd.daemon.assemble import create_engine, reload_engine
 from qmgrd.daemon.engine import Engine
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
@@ -32,6 +32,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     ready: Callable[[ListenerHandle], None] | None = None,
     engine_ready: Callable[[Engine], None] | None = None,
+    hup: asyncio.Event | None = None,
 ) -> None:
     """Run the daemon until ``stop`` is set (never, if None); ``ready`` sees the listener.
 
@@ -63,7 +64,9 @@ async def serve(
         if engine_ready is not None:
             engine_ready(engine)
         stop_wait = asyncio.ensure_future((stop or asyncio.Event()).wait())
+        reloader = asyncio.ensure_future(_reload_on_hup(engine, cfg, hup or asyncio.Event()))
         done, _ = await asyncio.wait({stop_wait, engine_task}, return_when=asyncio.FIRST_COMPLETED)
+        reloader.cancel()
         if engine_task in done:
             stop_wait.cancel()
             engine_task.result()  # an engine crash is fatal: surface it
@@ -74,6 +77,14 @@ async def serve(
         engine.stop()
         if not engine_task.done():
             await engine_task
+
+
+async def _reload_on_hup(engine: Engine, cfg: Config, hup: asyncio.Event) -> None:
+    """Apply a new configuration each time ``hup`` is set (SIGHUP); a bad one is refused."""
+    while True:
+        await hup.wait()
+        hup.clear()
+        reload_engine(engine, cfg.config_dir)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -87,10 +98,12 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 async def _main(cfg: Config) -> None:
     stop = asyncio.Event()
+    hup = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await serve(cfg, stop=stop)
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    await serve(cfg, stop=stop, hup=hup)
 
 
 def run_command(config_dir: Path) -> int:
