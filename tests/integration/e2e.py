@@ -1,0 +1,241 @@
+"""An in-process qmgrd for end-to-end tests: listener, engine and real agents on the test's loop.
+
+Usage::
+
+    conf = write_config(tmp_path, main="relayhost = [127.0.0.1]:2525")
+    async with running_daemon(conf) as d:
+        qid = await d.submit("s@src.test", ["r@dst.test"])    # over SMTP to the listener
+        qid = d.enqueue("s@src.test", ["r@dst.test"])         # straight into incoming/
+        await d.wait_idle()
+
+The daemon is the composition ``qmgrd.daemon.run.serve`` makes (engine from
+``create_engine``, listener from ``start_listener`` with the engine's
+``notify_incoming`` as its commit hook), built here by hand so a test can hand
+in a ``FakeClock`` and a spool without fsync (durability is not what these
+tests are about, and fsync would dominate their run time). Agents are the
+real ones from master.cf unless the test passes its own.
+
+Everything binds 127.0.0.1 port 0; every wait is bounded by ``TIMEOUT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiosmtplib
+
+from qmgrd.config import Config, load_config
+from qmgrd.daemon.assemble import create_engine
+from qmgrd.daemon.clock import Clock, SystemClock
+from qmgrd.daemon.engine import Engine
+from qmgrd.delivery.agent import Agent
+from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
+from qmgrd.spool import Envelope, RecipientSpec, Spool
+
+TIMEOUT = 30.0
+
+MASTER_CF = (
+    "smtp      unix  -       -       n       -       -       smtp\n"
+    "relay     unix  -       -       n       -       -       smtp\n"
+    "discard   unix  -       -       n       -       -       discard\n"
+    "error     unix  -       -       n       -       -       error\n"
+    "retry     unix  -       -       n       -       -       retry\n"
+)
+
+
+def write_config(root: Path, *, main: str = "", master: str = "") -> Path:
+    """Write ``root/etc/{main,master}.cf`` for a daemon whose spool is ``root/spool``.
+
+    The listener binds 127.0.0.1 on a free port; ``main`` and ``master`` are
+    appended to the base files (a later main.cf line overrides an earlier one).
+    Connect and command timeouts are short so a broken test fails in seconds.
+    """
+    conf = root / "etc"
+    conf.mkdir(parents=True, exist_ok=True)
+    (conf / "main.cf").write_text(
+        f"queue_directory = {root / 'spool'}\n"
+        "smtpd_listen = 127.0.0.1:0\n"
+        "myhostname = mx.test\n"
+        "smtp_helo_name = mx.test\n"
+        "smtp_connect_timeout = 5s\n"
+        "smtp_helo_timeout = 10s\n"
+        "smtp_mail_timeout = 10s\n"
+        "smtp_rcpt_timeout = 10s\n"
+        "smtp_data_done_timeout = 10s\n"
+        f"{main}\n"
+    )
+    (conf / "master.cf").write_text(MASTER_CF + master)
+    return conf
+
+
+def message_bytes(subject: str = "test", size: int = 0) -> bytes:
+    """A small RFC 5322 message; ``size`` pads the body to about that many bytes."""
+    head = f"From: s@src.test\r\nTo: r@dst.test\r\nSubject: {subject}\r\n\r\n".encode()
+    body = b"hello\r\n"
+    if size > len(head) + len(body):
+        line = b"x" * 76 + b"\r\n"
+        body = line * ((size - len(head)) // len(line))
+    return head + body
+
+
+@dataclass(slots=True, eq=False)
+class Daemon:
+    """One running in-process daemon (see the module docstring)."""
+
+    cfg: Config
+    spool: Spool
+    engine: Engine
+    clock: Clock
+    listener: ListenerHandle | None
+    task: asyncio.Task[None]
+    submitted: list[str] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        """The listener's bound port."""
+        assert self.listener is not None, "started without a listener"
+        return self.listener.addresses[0][1]
+
+    async def submit(
+        self, sender: str, recipients: Iterable[str], content: bytes | None = None
+    ) -> str:
+        """Send one message over SMTP to the listener; returns its queue id."""
+        rcpts = list(recipients)
+        async with aiosmtplib.SMTP(
+            hostname="127.0.0.1", port=self.port, timeout=TIMEOUT, start_tls=False
+        ) as client:
+            return await self._send(client, sender, rcpts, content)
+
+    async def submit_many(
+        self,
+        messages: list[tuple[str, list[str]]],
+        *,
+        clients: int = 4,
+        content: bytes | None = None,
+    ) -> list[str]:
+        """Send ``(sender, recipients)`` messages over ``clients`` concurrent SMTP sessions."""
+        ids: list[str | None] = [None] * len(messages)
+
+        async def worker(first: int) -> None:
+            async with aiosmtplib.SMTP(
+                hostname="127.0.0.1", port=self.port, timeout=TIMEOUT, start_tls=False
+            ) as client:
+                for i in range(first, len(messages), clients):
+                    sender, rcpts = messages[i]
+                    ids[i] = await self._send(client, sender, rcpts, content)
+
+        await asyncio.wait_for(
+            asyncio.gather(*(worker(i) for i in range(min(clients, len(messages))))), TIMEOUT * 4
+        )
+        out = [qid for qid in ids if qid is not None]
+        assert len(out) == len(messages)
+        return out
+
+    async def _send(
+        self, client: aiosmtplib.SMTP, sender: str, rcpts: list[str], content: bytes | None
+    ) -> str:
+        _errors, reply = await client.sendmail(sender, rcpts, content or message_bytes())
+        # "2.0.0 Ok: queued as ID"
+        assert "queued as " in reply, reply
+        qid = reply.rsplit(" ", 1)[-1]
+        self.submitted.append(qid)
+        return qid
+
+    def enqueue(self, sender: str, recipients: Iterable[str], content: bytes | None = None) -> str:
+        """Commit a message straight into ``incoming/`` and wake the engine (no SMTP)."""
+        env = Envelope(
+            sender=sender,
+            recipients=tuple(RecipientSpec(r) for r in recipients),
+            arrival_time=self.clock.now(),
+            client_name="localhost",
+            client_addr="127.0.0.1",
+        )
+        qid = self.spool.commit(env, content or message_bytes())
+        self.submitted.append(qid)
+        self.engine.notify_incoming(qid)
+        return qid
+
+    async def wait_idle(self, timeout: float = TIMEOUT) -> None:
+        """Wait until nothing is in core or pending (the engine task must still run)."""
+        idle = asyncio.ensure_future(self.engine.wait_idle())
+        done, _ = await asyncio.wait(
+            {idle, self.task}, timeout=timeout, return_when="FIRST_COMPLETED"
+        )
+        if self.task in done:
+            idle.cancel()
+            self.task.result()
+            raise AssertionError("the engine stopped while waiting for idle")
+        if idle not in done:
+            idle.cancel()
+            raise AssertionError(f"engine not idle after {timeout}s: {self.engine.stats}")
+
+    def queue_ids(self, queue: str) -> list[str]:
+        """The queue ids in one spool queue."""
+        return self.spool.list_ids(queue)
+
+    async def stop(self) -> None:
+        """Close the listener, stop the engine and wait for it (bounded)."""
+        if self.listener is not None:
+            self.listener.close()
+            await asyncio.wait_for(self.listener.wait_closed(), TIMEOUT)
+            self.listener = None
+        self.engine.stop()
+        if not self.task.done():
+            await asyncio.wait_for(asyncio.shield(self.task), TIMEOUT)
+
+
+async def start_daemon(
+    conf: Path,
+    *,
+    clock: Clock | None = None,
+    agents: dict[str, Agent] | None = None,
+    listen: bool = True,
+    fsync: bool = False,
+) -> Daemon:
+    """Start the engine (recovery and the incoming scan run first) and, with ``listen``, SMTP."""
+    cfg = load_config(conf, hostname="mx.test")
+    spool = Spool(cfg.get_path("queue_directory"), fsync=fsync)
+    spool.ensure_dirs()
+    clock = clock or SystemClock()
+    engine = create_engine(cfg, spool=spool, clock=clock, agents=agents)
+    task = asyncio.get_running_loop().create_task(engine.run())
+    listener = None
+    if listen:
+        try:
+            listener = await start_listener(
+                ListenerSettings.from_config(cfg), spool, on_commit=engine.notify_incoming
+            )
+        except BaseException:
+            engine.stop()
+            await task
+            raise
+    return Daemon(cfg, spool, engine, clock, listener, task)
+
+
+@contextlib.asynccontextmanager
+async def running_daemon(conf: Path, **kwargs: Any) -> AsyncIterator[Daemon]:
+    """``start_daemon`` as a context manager that always stops the daemon."""
+    daemon = await start_daemon(conf, **kwargs)
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+def sent_events(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(queue id, address) of every ``status=sent`` event in captured logs."""
+    return [
+        (str(e.get("queue_id")), str(e["to"]).strip("<>"))
+        for e in logs
+        if e.get("status") == "sent"
+    ]
+
+
+def status_events(logs: Sequence[Mapping[str, Any]], status: str) -> list[Mapping[str, Any]]:
+    """Captured events with ``status`` (``sent``, ``deferred``, ``bounced``)."""
+    return [e for e in logs if e.get("status") == status]
