@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmgrd.errors import SpoolError
-from qmgrd.spool.records import QueueFile
+from qmgrd.spool.records import QueueFile, open_regular
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ class QueueFileContent:
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
         """Yield the content in order; SpoolError if the file vanished or is short."""
         try:
-            fd = await asyncio.to_thread(os.open, self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = await asyncio.to_thread(open_regular, self.path, os.O_RDONLY)
         except OSError as exc:
             raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         try:
@@ -52,7 +52,7 @@ class QueueFileContent:
     def read(self) -> bytes:
         """The whole content, synchronously (bounces, tests)."""
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(open_regular(self.path, os.O_RDONLY), "rb") as f:
                 f.seek(self.offset)
                 data = f.read(self.size)
         except OSError as exc:

@@ -8,7 +8,9 @@ is durable, so a crash can repeat a bounce line but never lose one.
 
 Format: JSON lines, appended with ``O_APPEND`` and fsynced (plus a directory
 fsync when the file is new). A torn last line (crash mid-append) is ignored
-by the reader.
+by the reader, and so is (with a warning) any other malformed line: one
+damaged record must not keep its message out of the active queue forever.
+The log is opened without following symlinks and must be a regular file.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Literal
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.log import get_logger
 from qmgrd.spool.queueid import is_queue_id
+from qmgrd.spool.records import open_regular
 
 ReasonKind = Literal["defer", "bounce"]
 Action = Literal["delayed", "failed"]
@@ -90,7 +94,8 @@ def read_reasons(root: Path, kind: ReasonKind, queue_id: str) -> list[ReasonReco
     """Every complete record of the message's ``kind`` log, in order; [] if none."""
     path = _path(root, kind, queue_id)
     try:
-        data = path.read_bytes()
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -99,11 +104,36 @@ def read_reasons(root: Path, kind: ReasonKind, queue_id: str) -> list[ReasonReco
     lines = data.split(b"\n")
     for number, line in enumerate(lines[:-1], 1):  # the part after the last \n is torn
         try:
-            obj = json.loads(line.decode("utf-8", "surrogateescape"))
-            out.append(ReasonRecord(**obj))
+            out.append(_decode(line))
         except (ValueError, TypeError) as exc:
-            raise SpoolError(f"{path}: line {number}: malformed reason record") from exc
+            get_logger("qmgr").warning(
+                "malformed reason record skipped",
+                queue_id=queue_id,
+                file=f"{kind}/{queue_id}",
+                line=number,
+                error=str(exc),
+            )
     return out
+
+
+def _decode(line: bytes) -> ReasonRecord:
+    """One JSON line as a ReasonRecord; ValueError/TypeError if its shape or types are wrong."""
+    obj = json.loads(line.decode("utf-8", "surrogateescape"))
+    if not isinstance(obj, dict):
+        raise TypeError("not a JSON object")
+    record = ReasonRecord(**obj)
+    for name in ("address", "dsn", "action", "reason", "relay"):
+        if not isinstance(getattr(record, name), str):
+            raise TypeError(f"{name} is not a string")
+    if record.orcpt is not None and not isinstance(record.orcpt, str):
+        raise TypeError("orcpt is not a string")
+    if isinstance(record.time, bool) or not isinstance(record.time, int | float):
+        raise TypeError("time is not a number")
+    if not 0 <= record.time < 1e11:  # also NaN and inf: datetime would choke on them later
+        raise ValueError(f"time {record.time!r} out of range")
+    if record.action not in ("delayed", "failed"):
+        raise ValueError(f"bad action {record.action!r}")
+    return record
 
 
 def remove_reasons(root: Path, kind: ReasonKind, queue_id: str) -> bool:

@@ -30,11 +30,19 @@ resume at an R offset and a done mark is one byte at that offset.
 
 Invariants: offsets handed out by the reader always point at an R/D type
 byte; the only in-place writes are R→D and the W payload.
+
+Hostile files: every open uses ``O_NOFOLLOW | O_NONBLOCK`` and checks that the
+result is a regular file, so a symlink, FIFO, device or directory planted in a
+queue directory is refused (SpoolError) rather than followed, read forever or
+blocked on. Every length field is checked against the file size before any
+buffer is allocated, so a damaged length cannot ask for gigabytes.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +71,31 @@ _HAS_ORCPT = 0x80
 _ATTR_NAMES = ("envid", "ret", "smtputf8", "body", "client_name", "client_addr", "helo")
 
 _READ_CHUNK = 65536
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def open_regular(path: Path, flags: int) -> int:
+    """Open a queue file without following a symlink; SpoolError unless it is a regular file.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a
+    writer; it has no effect on regular files. Other OSErrors (EACCES, EMFILE)
+    propagate for the caller to wrap.
+    """
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SpoolError(f"{path}: is a symbolic link, not a queue file") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise SpoolError(f"{path}: not a regular file")
+    return fd
 
 
 def _enc(text: str) -> bytes:
@@ -224,13 +257,14 @@ def encode_queue_file(envelope: Envelope, content_size: int) -> tuple[bytes, byt
 class _Stream:
     """Sequential record reader over a file, from a byte offset, with its own buffer."""
 
-    __slots__ = ("_buf", "_file", "_pos", "_start", "path")
+    __slots__ = ("_buf", "_file", "_pos", "_size", "_start", "path")
 
-    def __init__(self, file: BinaryIO, offset: int, path: Path) -> None:
+    def __init__(self, file: BinaryIO, offset: int, path: Path, size: int) -> None:
         self._file = file
         self._buf = b""
         self._start = offset  # file offset of _buf[0]
         self._pos = 0
+        self._size = size  # the file size: no record may claim more than what is left
         self.path = path
         file.seek(offset)
 
@@ -269,7 +303,12 @@ class _Stream:
             if shift > 63:
                 raise SpoolError(f"{self.path}: bad length field at offset {offset}")
 
+    def _check(self, length: int) -> None:
+        if self.tell() + length > self._size:
+            raise SpoolError(f"{self.path}: record overruns the file at offset {self.tell()}")
+
     def payload(self, length: int) -> bytes:
+        self._check(length)
         if not self._fill(length):
             raise SpoolError(f"{self.path}: record overruns the file at offset {self.tell()}")
         data = self._buf[self._pos : self._pos + length]
@@ -277,6 +316,7 @@ class _Stream:
         return data
 
     def skip(self, length: int) -> None:
+        self._check(length)
         avail = len(self._buf) - self._pos
         if length <= avail:
             self._pos += length
@@ -328,14 +368,15 @@ class QueueFile:
     def open(cls, path: Path) -> QueueFile:
         """Parse the envelope; raises SpoolError naming the reason if the file is unusable."""
         try:
-            with open(path, "rb") as f:
+            fd = open_regular(path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
                 return cls._parse(f, path, os.fstat(f.fileno()).st_size)
         except OSError as exc:
             raise SpoolError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
     @classmethod
     def _parse(cls, f: BinaryIO, path: Path, file_size: int) -> QueueFile:
-        stream = _Stream(f, 0, path)
+        stream = _Stream(f, 0, path, file_size)
         _, rtype, length = stream.header()
         if rtype != REC_SIZE or length != _SIZE_PAYLOAD_LEN:
             raise SpoolError(f"{path}: no size record at the start")
@@ -345,6 +386,8 @@ class QueueFile:
         content_size, content_offset, rcpt_count, flags = (
             _int_field(x, "size record field", path) for x in fields
         )
+        if min(content_size, content_offset, rcpt_count, flags) < 0:
+            raise SpoolError(f"{path}: negative field in the size record")
         if content_offset + content_size + 2 != file_size:
             raise SpoolError(
                 f"{path}: size {file_size} does not match the size record "
@@ -384,6 +427,8 @@ class QueueFile:
         # The content record must sit where the size record says, followed by E;
         # checked directly so that opening never walks the recipient records.
         marker = bytes((REC_CONTENT,)) + encode_varint(content_size)
+        if content_offset - len(marker) < stream.tell():
+            raise SpoolError(f"{path}: content record disagrees with the size record")
         f.seek(content_offset - len(marker))
         if f.read(len(marker)) != marker:
             raise SpoolError(f"{path}: content record disagrees with the size record")
@@ -436,8 +481,8 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
         raise InvariantError(f"read_recipients offset {offset} is not a recipient offset")
     out: list[RecipientRecord] = []
     try:
-        with open(path, "rb") as f:
-            stream = _Stream(f, offset, path)
+        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
+            stream = _Stream(f, offset, path, os.fstat(f.fileno()).st_size)
             while True:
                 rec_offset, rtype, length = stream.header()
                 if rtype == REC_RCPT:
@@ -463,7 +508,7 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
     (InvariantError); marking a done recipient again is harmless.
     """
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
         raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
     try:
@@ -484,7 +529,7 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
 def rewrite_warn_time(path: Path, warn_offset: int, value: int, *, fsync: bool = True) -> None:
     """Rewrite the W record at ``warn_offset`` in place (``WARNED`` after the warning)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
         raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
     try:

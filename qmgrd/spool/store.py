@@ -18,12 +18,19 @@ Commit protocol (one message, or a batch in ``commit_batch``):
 Moves between queues are plain renames without a directory fsync: after a
 crash the file is in the old or the new queue, and both are scanned at
 start-up, so no message is lost (Postfix does the same).
+
+Foreign entries: scans only return names that look like queue ids, and never
+stat through a symlink. ``sweep_foreign`` (start-up, like ``postsuper -s``)
+moves whatever else sits in a queue directory (stray names, symlinks, FIFOs,
+sub-directories) to ``corrupt/`` with a warning, so it can neither be
+mistaken for mail nor make a scan fail.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -45,6 +52,15 @@ QUEUES: tuple[QueueName, ...] = ("incoming", "active", "deferred", "hold", "corr
 LOG_DIRS = ("defer", "bounce")
 DIRECTORIES = (*QUEUES, *LOG_DIRS, "public", "pid")
 TEMP_PREFIX = "."
+SWEPT_QUEUES: tuple[QueueName, ...] = ("incoming", "active", "deferred", "hold")
+
+
+class QueueFileMissing(SpoolError, FileNotFoundError):
+    """The queue file to move is gone (an operator or another pass moved it meanwhile).
+
+    Both a SpoolError (the module's contract) and a FileNotFoundError, so
+    callers can tell "already gone" from "cannot move".
+    """
 
 
 def _check_id(queue_id: str) -> None:
@@ -109,7 +125,8 @@ class Spool:
         out = []
         for entry in self._entries(queue):
             try:
-                mtime = entry.stat().st_mtime
+                # Never through a symlink: a dangling one must still be loaded (and quarantined).
+                mtime = entry.stat(follow_symlinks=False).st_mtime
             except FileNotFoundError:
                 continue
             if mtime <= now + 1:
@@ -127,6 +144,10 @@ class Spool:
             if mtime is not None:
                 os.utime(src_path, (mtime, mtime))
             os.rename(src_path, dst_path)
+        except FileNotFoundError as exc:
+            raise QueueFileMissing(
+                f"cannot move {queue_id} from {src} to {dst}: {exc.strerror}"
+            ) from exc
         except OSError as exc:
             raise SpoolError(f"cannot move {queue_id} from {src} to {dst}: {exc.strerror}") from exc
         return dst_path
@@ -156,13 +177,82 @@ class Spool:
         try:
             with os.scandir(directory) as it:
                 names = [e.name for e in it if e.name.startswith(TEMP_PREFIX)]
-            for name in names:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(directory / name)
-                    removed += 1
         except OSError as exc:
             raise SpoolError(f"cannot clean {directory}: {exc.strerror}") from exc
+        for name in names:
+            try:
+                os.unlink(directory / name)
+                removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # a directory or an immutable file: not ours, leave it
+                get_logger("qmgr").warning(
+                    "cannot remove stray temporary file",
+                    file=f"incoming/{name}",
+                    error=exc.strerror or str(exc),
+                )
         return removed
+
+    def sweep_foreign(self, queues: Sequence[QueueName] = SWEPT_QUEUES) -> int:
+        """Move entries that are not plain queue files out of ``queues`` into corrupt/.
+
+        Start-up only. Swept: names that are not queue ids (temporaries in
+        incoming/ excepted: ``remove_temp_files`` owns them), symlinks (the
+        link itself is moved, never its target), and anything that is not a
+        regular file. Each gets a warning naming it; a name already taken in
+        corrupt/ gets a numeric suffix. Returns how many were moved.
+        """
+        moved = 0
+        for queue in queues:
+            directory = self.root / queue
+            try:
+                with os.scandir(directory) as it:
+                    entries = [(e.name, _entry_mode(e)) for e in it]
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
+            for name, mode in entries:
+                if mode is None or (queue == "incoming" and name.startswith(TEMP_PREFIX)):
+                    continue
+                if is_queue_id(name) and stat.S_ISREG(mode):
+                    continue
+                why = (
+                    "symbolic link"
+                    if stat.S_ISLNK(mode)
+                    else "not a regular file"
+                    if not stat.S_ISREG(mode)
+                    else "not a queue file name"
+                )
+                if self._sweep_one(directory, queue, name, why):
+                    moved += 1
+        return moved
+
+    def _sweep_one(self, directory: Path, queue: str, name: str, why: str) -> bool:
+        log = get_logger("qmgr")
+        corrupt = self.root / "corrupt"
+        target = corrupt / name.lstrip(TEMP_PREFIX) if name.strip(TEMP_PREFIX) else corrupt / "_"
+        for n in range(1, 1000):
+            if not os.path.lexists(target):
+                break
+            target = corrupt / f"{target.name.split('~')[0]}~{n}"
+        try:
+            os.rename(directory / name, target)
+        except OSError as exc:
+            log.warning(
+                "cannot quarantine foreign file",
+                file=f"{queue}/{name}",
+                reason=why,
+                error=exc.strerror or str(exc),
+            )
+            return False
+        log.warning(
+            "foreign file in queue directory moved to corrupt",
+            file=f"{queue}/{name}",
+            reason=why,
+            to=f"corrupt/{target.name}",
+        )
+        return True
 
     # -- files -------------------------------------------------------------------
 
@@ -250,6 +340,14 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _entry_mode(entry: os.DirEntry[str]) -> int | None:
+    """The entry's file type bits without following symlinks; None if it vanished."""
+    try:
+        return entry.stat(follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:
