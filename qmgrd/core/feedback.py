@@ -31,7 +31,9 @@ Positive feedback moves the window up at the *end* of a run of 1/g reports, nega
 it down at the *start* of a run of 1/f reports (the "reverse" cycle): ``failure`` rests at or above
 0, so the first negative report of a run already crosses it. Both loops use a tolerance of half a
 feedback step (``+ f/2`` / ``- f/2``) exactly as Postfix's ``qmgr_queue.c`` does, which rounds to
-the nearest step rather than truncating; with the default constant negative feedback 1 and
+the nearest step rather than truncating (``sqrt_concurrency``, a seed-only feedback, truncates as
+the seed's algorithm does: ``Feedback.tolerance``); with the default constant negative feedback 1
+and
 ``failure == 0`` it makes the first negative report drop the window by 2 (notes §13.4). Only a
 window change resets the *other* accumulator.
 
@@ -109,6 +111,18 @@ class Feedback:
         if self.kind == "concurrency":
             return self.numerator / window
         return self.numerator / math.sqrt(window)
+
+    def tolerance(self, step: float) -> float:
+        """How far short of a whole step an accumulator may be and still move the window.
+
+        Postfix's code rounds to the nearest step (``step / 2``) and we copy it for every
+        feedback Postfix implements. ``sqrt_concurrency`` exists only in the seed (Postfix's
+        code rejects it; DESIGN §9 keeps it), so it follows the seed's published algorithm,
+        which truncates (tolerance 0): that is the arithmetic behind the seed's measured and
+        theoretical 1/(1+roundup(1/feedback)) = 1/4 defer rate at a 5-session server, where
+        half-step rounding would give 1/3 (tests/unit/core/test_window_sim.py).
+        """
+        return 0.0 if self.kind == "sqrt_concurrency" else step / 2
 
     def __str__(self) -> str:
         """The configuration spelling, for logs and ``postconf`` output."""
@@ -228,8 +242,8 @@ class ConcurrencyWindow:
             f = self.positive.value(self.window)
             self.success += f
             # Round to the nearest step (tolerance f/2), exactly as Postfix; f <= 1 bounds this
-            # loop to two iterations.
-            while self.success + f / 2 >= 1.0:
+            # loop to two iterations. (sqrt feedback truncates: see Feedback.tolerance.)
+            while self.success + self.positive.tolerance(f) >= 1.0:
                 self.window += 1
                 self.success -= 1.0
                 self.failure = 0.0
@@ -255,7 +269,7 @@ class ConcurrencyWindow:
         # The reverse hysteresis cycle: failure rests >= 0, so the first report of a run already
         # lowers the window. Tolerance f/2 as Postfix (with f == 1 and failure == 0 this lowers the
         # window by 2). failure gains 1 per pass and f <= 1, so at most two passes.
-        while self.failure - f / 2 < 0.0:
+        while self.failure - self.negative.tolerance(f) < 0.0:
             self.window -= 1
             self.success = 0.0
             self.failure += 1.0

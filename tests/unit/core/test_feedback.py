@@ -128,11 +128,17 @@ def test_positive_one_per_concurrency_grows_once_per_pseudo_cohort() -> None:
     assert w.success == pytest.approx(0.0, abs=1e-9)
 
 
-def test_positive_sqrt_uses_half_step_rounding() -> None:
-    """g=1/sqrt(N) with the f/2 tolerance: 2 reports at 4 and at 5 (2*0.447+0.224>=1), 3 at 6."""
+def test_positive_sqrt_truncates_as_the_seed() -> None:
+    """g=1/sqrt(N) truncates (seed algorithm): 2 reports at 4, 3 at 5 (3*0.447>=1), 2 at 6."""
     w = make(init=4, positive=PER_SQRT)
-    assert positive_run(w, 7) == [4, 5, 5, 6, 6, 6, 7]
-    assert w.success == pytest.approx(2 / math.sqrt(5) - 1 + 3 / math.sqrt(6) - 1)
+    assert positive_run(w, 7) == [4, 5, 5, 5, 6, 6, 7]
+    assert w.success == pytest.approx(2 * 0.5 - 1 + 3 / math.sqrt(5) - 1 + 2 / math.sqrt(6) - 1)
+
+
+def test_positive_one_per_concurrency_rounds_to_nearest_step() -> None:
+    """g=1/N keeps Postfix's f/2 rounding: at 3, 3 reports reach 1.0 and the window grows."""
+    w = make(init=3, positive=PER_N)
+    assert positive_run(w, 3) == [3, 3, 4]
 
 
 def test_positive_resets_failure_only_on_growth() -> None:
