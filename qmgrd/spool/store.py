@@ -142,7 +142,7 @@ class Spool:
         dst_path = self.path(dst, queue_id)
         try:
             if mtime is not None:
-                os.utime(src_path, (mtime, mtime))
+                os.utime(src_path, (mtime, mtime), follow_symlinks=False)
             os.rename(src_path, dst_path)
         except FileNotFoundError as exc:
             raise QueueFileMissing(
