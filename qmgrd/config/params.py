@@ -522,7 +522,26 @@ _TABLE: tuple[Param, ...] = (
     Param("smtpd_recipient_limit", _I, "1000", "maximum recipients per message", minimum=1),
     Param("smtpd_timeout", _T, "300s", "time limit for a client command or data", minimum=1),
     Param("smtpd_banner", _S, "$myhostname ESMTP $mail_name", "text after 220 in the greeting"),
-    Param("smtpd_sasl_auth_enable", _B, "no", "offer SMTP AUTH (not implemented by qmgrd)"),
+    Param(
+        "smtpd_sasl_auth_enable",
+        _B,
+        "no",
+        "offer SMTP AUTH PLAIN/LOGIN (loopback clients only: the listener has no TLS)",
+    ),
+    Param(
+        "smtpd_sasl_password_file",
+        _S,
+        "",
+        "user:hash lines for SMTP AUTH (python -m qmgrd.listener.auth hash)",
+        qmgrd_only=True,
+    ),
+    Param(
+        "queue_minfree",
+        _I,
+        "0",
+        "free spool bytes to keep; MAIL gets 452 4.3.1 when a message would not fit",
+        minimum=0,
+    ),
     # --- spool, logging, process ---
     Param(
         "queue_directory",

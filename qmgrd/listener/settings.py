@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from qmgrd.errors import ConfigError
+from qmgrd.listener.auth import Credentials, load_password_file
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -15,6 +17,8 @@ class _ConfigLike(Protocol):
     """The part of ``qmgrd.config.Config`` the listener reads."""
 
     def get_str(self, name: str) -> str: ...
+    def get_bool(self, name: str) -> bool: ...
+    def get_path(self, name: str) -> Path: ...
     def get_int(self, name: str) -> int: ...
     def get_time(self, name: str) -> int: ...
     def get_list(self, name: str) -> tuple[str, ...]: ...
@@ -51,6 +55,8 @@ class ListenerSettings:
     smtpd_recipient_limit: int
     smtpd_timeout: float  # seconds
     delay_warning_time: int = 0  # seconds; 0 = no W record
+    queue_minfree: int = 0  # spool bytes to keep free (MAIL: 452 4.3.1 below it)
+    sasl_credentials: Credentials | None = None  # SMTP AUTH offered when set
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
@@ -68,6 +74,8 @@ class ListenerSettings:
             smtpd_recipient_limit=cfg.get_int("smtpd_recipient_limit"),
             smtpd_timeout=float(cfg.get_time("smtpd_timeout")),
             delay_warning_time=cfg.get_time("delay_warning_time"),
+            queue_minfree=cfg.get_int("queue_minfree"),
+            sasl_credentials=_credentials(cfg),
         )
 
     def permits_relay(self, addr: str) -> bool:
@@ -79,3 +87,11 @@ class ListenerSettings:
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
         return any(ip in net for net in self.mynetworks)
+
+
+def _credentials(cfg: _ConfigLike) -> Credentials | None:
+    if not cfg.get_bool("smtpd_sasl_auth_enable"):
+        return None
+    if not cfg.get_str("smtpd_sasl_password_file"):
+        raise ConfigError("smtpd_sasl_auth_enable = yes needs smtpd_sasl_password_file")
+    return load_password_file(cfg.get_path("smtpd_sasl_password_file"))

@@ -16,13 +16,26 @@ do not fit a relay:
 
 The reply to DATA is ``250 2.0.0 Ok: queued as ID`` only after the group
 committer has made the file durable; a spool failure is ``451 4.3.0``.
-Reply codes and texts follow Postfix's smtpd.
+Before that, MAIL checks the spool's free space (``statvfs``): when the
+message (its SIZE, or nothing) would leave less than ``queue_minfree`` (at
+least 64 KiB), the reply is ``452 4.3.1 Insufficient system storage`` and the
+client retries later, as with Postfix. Reply codes and texts follow Postfix's
+smtpd.
+
+AUTH (``smtpd_sasl_auth_enable``): PLAIN and LOGIN, implemented here rather
+than with aiosmtpd's, because the password check must run in a worker thread
+and the offer depends on the client (see ``qmgrd.listener.auth``). A client
+that authenticated may relay from anywhere. Three failed attempts end the
+session with 421.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +45,7 @@ from aiosmtpd.smtp import SMTP
 
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
+from qmgrd.listener.auth import auth_allowed, decode_plain
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import Envelope, GroupCommitter, RecipientSpec
@@ -40,6 +54,9 @@ _NOTIFY_WORDS = frozenset({"SUCCESS", "FAILURE", "DELAY"})
 _DATA_END = b"\r\n.\r\n"
 _READ_SIZE = 1 << 24  # read() returns what is buffered, at most this: empties the buffer
 _COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
+_MIN_FREE = 65536  # spool bytes MAIL wants free even with queue_minfree = 0 (a queue file)
+_AUTH_FAILURE_LIMIT = 3  # failed AUTH attempts before the session is closed
+_AUTH_LINE_LIMIT = 12288  # RFC 4954 §4: at least 12288 octets per AUTH line
 
 
 @dataclass(slots=True, eq=False)
@@ -61,8 +78,10 @@ class _Handler:
         self, server: SMTP, session: Any, envelope: Any, hostname: str, responses: list[str]
     ) -> list[str]:
         session.host_name = hostname
-        lines = [r[4:] for r in responses if r[4:] != "HELP"]
+        lines = [r[4:] for r in responses if r[4:] != "HELP" and not r[4:].startswith("AUTH")]
         lines += ["PIPELINING", "ENHANCEDSTATUSCODES", "DSN"]
+        if isinstance(server, SMTPSession) and server.auth_offered:
+            lines.append("AUTH PLAIN LOGIN")
         return [f"250-{x}" for x in lines[:-1]] + [f"250 {lines[-1]}"]
 
 
@@ -101,6 +120,9 @@ class SMTPSession(SMTP):
         self.client_addr = "unknown"
         self.client = "unknown[unknown]"  # Postfix's name[addr]; no reverse DNS lookup
         self.relay_ok = False
+        self.sasl_user: str | None = None  # set by a successful AUTH
+        self.sasl_method: str | None = None
+        self.auth_failures = 0
         self.log = get_logger("smtpd")
 
     # -- connection ------------------------------------------------------------
@@ -114,6 +136,16 @@ class SMTPSession(SMTP):
             self.client = f"unknown[{self.client_addr}]"
             self.relay_ok = self.settings.permits_relay(self.client_addr)
             self.sessions.add(self)
+
+    @property
+    def auth_offered(self) -> bool:
+        """AUTH is enabled and this channel may carry a clear-text password."""
+        if self.settings.sasl_credentials is None:
+            return False
+        tls = self.transport is not None and (
+            self.transport.get_extra_info("sslcontext") is not None
+        )
+        return auth_allowed(self.client_addr, tls=tls)
 
     def connection_lost(self, error: Exception | None) -> None:
         self.sessions.discard(self)
@@ -160,6 +192,18 @@ class SMTPSession(SMTP):
         if path.non_ascii and not smtputf8:
             await self.push("553 5.6.7 Must declare SMTPUTF8 to send unicode address")
             return
+        size = params.get("SIZE")
+        if not self._spool_has_room(int(size) if size else 0):
+            self.log.warning(
+                "NOQUEUE: reject",
+                stage="MAIL",
+                client=self.client,
+                code="452 4.3.1",
+                reason="Insufficient system storage",
+                from_=f"<{path.address}>",
+            )
+            await self.push("452 4.3.1 Insufficient system storage")
+            return
         body = params.get("BODY")
         ret = params.get("RET")
         self.txn = _Transaction(
@@ -170,6 +214,15 @@ class SMTPSession(SMTP):
             envid=params.get("ENVID"),
         )
         await self.push("250 2.1.0 Ok")
+
+    def _spool_has_room(self, size: int) -> bool:
+        """Whether the spool's file system can take a message of ``size`` bytes now."""
+        try:
+            st = os.statvfs(self.committer.spool.root)
+        except OSError:
+            return True  # cannot tell: let the commit decide (451 if it fails)
+        free = st.f_bavail * st.f_frsize
+        return free >= max(self.settings.queue_minfree, _MIN_FREE) + size
 
     def _check_mail_params(self, params: dict[str, str | None]) -> str | None:
         for key, value in params.items():
@@ -245,7 +298,7 @@ class SMTPSession(SMTP):
         if len(txn.recipients) >= self.settings.smtpd_recipient_limit:
             await self.push("452 4.5.3 Error: too many recipients")
             return
-        if not self.relay_ok:
+        if not self.relay_ok and self.sasl_user is None:
             self.log.info(
                 "NOQUEUE: reject",
                 stage="RCPT",
@@ -259,6 +312,101 @@ class SMTPSession(SMTP):
             return
         txn.recipients.append(RecipientSpec(path.address, orcpt, notify))
         await self.push("250 2.1.5 Ok")
+
+    # -- AUTH ----------------------------------------------------------------------
+
+    async def smtp_AUTH(self, arg: str | None) -> None:
+        """RFC 4954 AUTH with PLAIN or LOGIN (see the module docstring)."""
+        if await self.check_helo_needed():
+            return
+        assert self.session is not None
+        creds = self.settings.sasl_credentials
+        if creds is None or not self.session.extended_smtp or not self.auth_offered:
+            await self.push("503 5.5.1 Error: authentication not enabled")
+            return
+        if self.sasl_user is not None:
+            await self.push("503 5.5.1 Error: already authenticated")
+            return
+        if self.txn is not None:
+            await self.push("503 5.5.1 Error: MAIL transaction in progress")
+            return
+        mechanism, _, initial = (arg or "").partition(" ")
+        mechanism = mechanism.upper()
+        if mechanism not in ("PLAIN", "LOGIN"):
+            await self.push("504 5.5.4 Unsupported authentication mechanism")
+            return
+        pair = await self._auth_exchange(mechanism, initial.strip())
+        if pair is None:
+            return  # the reply was sent
+        user, password = pair
+        ok = await asyncio.to_thread(creds.verify, user, password)
+        if ok:
+            self.sasl_user, self.sasl_method = user, mechanism
+            self.log.info(
+                "authenticated", client=self.client, sasl_method=mechanism, sasl_username=user
+            )
+            await self.push("235 2.7.0 Authentication successful")
+            return
+        self.auth_failures += 1
+        self.log.warning(
+            "SASL authentication failed",
+            client=self.client,
+            sasl_method=mechanism,
+            sasl_username=user,
+            reason="authentication failure",
+        )
+        if self.auth_failures >= _AUTH_FAILURE_LIMIT:
+            await self.push("421 4.7.0 Error: too many authentication failures")
+            if self.transport is not None:
+                self.transport.close()
+            return
+        await self.push("535 5.7.8 Error: authentication failed: authentication failure")
+
+    async def _auth_exchange(self, mechanism: str, initial: str) -> tuple[str, str] | None:
+        """Collect (user, password) for the mechanism; None after replying with an error."""
+        if mechanism == "PLAIN":
+            blob = await self._auth_response("", initial or None)
+            if blob is None:
+                return None
+            pair = decode_plain(blob)
+            if pair is None:
+                await self.push("501 5.5.2 Error: malformed PLAIN response")
+            return pair
+        user_blob = await self._auth_response("VXNlcm5hbWU6", initial or None)  # "Username:"
+        if user_blob is None:
+            return None
+        pass_blob = await self._auth_response("UGFzc3dvcmQ6", None)  # "Password:"
+        if pass_blob is None:
+            return None
+        try:
+            return user_blob.decode("utf-8"), pass_blob.decode("utf-8")
+        except UnicodeDecodeError:
+            await self.push("501 5.5.2 Error: malformed LOGIN response")
+            return None
+
+    async def _auth_response(self, challenge: str, given: str | None) -> bytes | None:
+        """One decoded client response (the initial one if given, else after a 334)."""
+        if given is None:
+            await self.push(f"334 {challenge}")
+            line = await self._reader.readline()
+            if not line.endswith(b"\n"):
+                raise ConnectionResetError("connection closed during AUTH")
+            if len(line) > _AUTH_LINE_LIMIT:
+                await self.push("500 5.5.6 Error: authentication line too long")
+                return None
+            text = line.strip()
+        else:
+            text = given.encode("utf-8", "surrogateescape")
+        if text == b"*":
+            await self.push("501 5.7.0 Error: authentication aborted")
+            return None
+        if text == b"=":
+            return b""  # RFC 4954 §4: "=" is an empty initial response
+        try:
+            return base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            await self.push("501 5.5.2 Error: cannot decode response")
+            return None
 
     # -- DATA ----------------------------------------------------------------------
 
@@ -311,6 +459,8 @@ class SMTPSession(SMTP):
             from_=f"<{txn.sender}>",
             size=len(content),
             nrcpt=len(txn.recipients),
+            sasl_method=self.sasl_method,
+            sasl_username=self.sasl_user,
         )
         self.on_commit(queue_id)
         await self.push(f"250 2.0.0 Ok: queued as {queue_id}")
