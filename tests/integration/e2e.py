@@ -83,6 +83,33 @@ def message_bytes(subject: str = "test", size: int = 0) -> bytes:
     return head + body
 
 
+def commit(
+    spool: Spool,
+    sender: str,
+    recipients: Iterable[str],
+    content: bytes | None = None,
+    *,
+    arrival_time: float,
+) -> str:
+    """Commit one message to ``incoming/`` directly, as the listener would (no wake-up)."""
+    env = Envelope(
+        sender=sender,
+        recipients=tuple(RecipientSpec(r) for r in recipients),
+        arrival_time=arrival_time,
+        client_name="localhost",
+        client_addr="127.0.0.1",
+    )
+    return spool.commit(env, content or message_bytes())
+
+
+def offline_spool(conf: Path) -> Spool:
+    """The spool of the configuration in ``conf``, for queueing mail before the daemon starts."""
+    cfg = load_config(conf, hostname="mx.test")
+    spool = Spool(cfg.get_path("queue_directory"), fsync=False)
+    spool.ensure_dirs()
+    return spool
+
+
 @dataclass(slots=True, eq=False)
 class Daemon:
     """One running in-process daemon (see the module docstring)."""
@@ -148,14 +175,7 @@ class Daemon:
 
     def enqueue(self, sender: str, recipients: Iterable[str], content: bytes | None = None) -> str:
         """Commit a message straight into ``incoming/`` and wake the engine (no SMTP)."""
-        env = Envelope(
-            sender=sender,
-            recipients=tuple(RecipientSpec(r) for r in recipients),
-            arrival_time=self.clock.now(),
-            client_name="localhost",
-            client_addr="127.0.0.1",
-        )
-        qid = self.spool.commit(env, content or message_bytes())
+        qid = commit(self.spool, sender, recipients, content, arrival_time=self.clock.now())
         self.submitted.append(qid)
         self.engine.notify_incoming(qid)
         return qid
