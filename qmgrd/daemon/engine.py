@@ -241,6 +241,7 @@ class Engine:
         def work() -> tuple[int, list[str]]:
             self.spool.ensure_dirs()
             temps = self.spool.remove_temp_files()
+            self.spool.sweep_foreign()  # symlinks, FIFOs, stray names -> corrupt/ (logged)
             moved = []
             for queue_id in self.spool.list_ids("active"):
                 try:
