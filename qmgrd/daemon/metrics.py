@@ -1,0 +1,441 @@
+"""Prometheus metrics: delivery counters and histograms, queue and scheduler gauges, an endpoint.
+
+Two kinds of series (docs/operations.md lists every one and how to read it):
+
+- **Events**, counted as they happen: the engine calls
+  :meth:`Metrics.record_delivery` once per recipient outcome and
+  :meth:`Metrics.record_attempt` once per delivery request handed to an
+  agent. Counters and histograms live in a private ``CollectorRegistry``
+  (never prometheus_client's global one: no module state, and several
+  daemons can run in one test process).
+- **State**, read at scrape time by a custom collector: ``status_fn()``
+  returns the engine's snapshot (``Engine.status()``: uptime, messages and
+  recipients in core, transports with their destination queues) and
+  ``queue_counts_fn()`` the number of files per spool queue. Only the
+  ``top_destinations`` busiest destinations get per-destination series, so
+  a queue full of distinct domains cannot blow up the series count; totals
+  per transport cover the rest.
+
+Reason classes: a deferral or bounce is labelled by the class and subject of
+its enhanced status code (RFC 3463), ``4.4.x`` for "4.4.1 connection
+refused", so the label has at most 3 x 8 values plus ``other``.
+
+The endpoint is a minimal HTTP/1.0 server on the daemon's own loop
+(:func:`start_metrics_server`): ``GET /metrics`` (and HEAD), one request per
+connection. Spool directory counting runs in a worker thread; the engine
+snapshot is taken on the loop, where the engine's structures live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from qmgrd.errors import InvariantError
+from qmgrd.log import get_logger
+
+__all__ = [
+    "SPOOL_QUEUES",
+    "Metrics",
+    "MetricsServer",
+    "reason_class",
+    "spool_queue_counts",
+    "start_metrics_server",
+]
+
+StatusFn = Callable[[], Mapping[str, Any]]
+QueueCountsFn = Callable[[], Mapping[str, int]]
+
+STATUSES = ("sent", "deferred", "bounced", "expired")
+
+SPOOL_QUEUES = ("incoming", "active", "deferred", "hold", "corrupt")
+"""Queues reported by :func:`spool_queue_counts` (the ones holding messages)."""
+
+# From "just delivered" to "expired after maximal_queue_lifetime (5d)".
+DELAY_BUCKETS = (
+    0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 86400, 5 * 86400,
+)  # fmt: skip
+# One agent call: a connection (DNS, TCP, TLS, EHLO) plus the transaction.
+ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+_DSN = re.compile(r"([245])\.(\d{1,3})\.\d{1,3}")
+_REQUEST_TIMEOUT = 10.0
+_MAX_REQUEST = 8192
+
+
+def reason_class(dsn: str) -> str:
+    """``4.4.1`` -> ``4.4.x``; ``other`` for anything that is not an RFC 3463 code."""
+    match = _DSN.fullmatch(dsn.strip())
+    if match is None or int(match.group(2)) > 7:
+        return "other"
+    return f"{match.group(1)}.{int(match.group(2))}.x"
+
+
+def spool_queue_counts(root: Path, queues: Iterable[str] = SPOOL_QUEUES) -> dict[str, int]:
+    """Files per spool queue (hashed subdirectories included, temporaries skipped).
+
+    Blocking directory I/O: the metrics endpoint calls it in a worker thread.
+    A queue directory that does not exist counts 0.
+    """
+    counts: dict[str, int] = {}
+    for queue in queues:
+        counts[queue] = _count_files(root / queue)
+    return counts
+
+
+def _count_files(directory: Path) -> int:
+    total = 0
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    total += _count_files(Path(entry.path))
+                else:
+                    total += 1
+    except FileNotFoundError:
+        return 0
+    return total
+
+
+class Metrics:
+    """The daemon's metrics: event counters the engine feeds, state read at scrape time."""
+
+    def __init__(
+        self,
+        status_fn: StatusFn | None = None,
+        queue_counts_fn: QueueCountsFn | None = None,
+        *,
+        top_destinations: int = 20,
+    ) -> None:
+        """``status_fn``/``queue_counts_fn`` may also be assigned later (when the engine exists)."""
+        if top_destinations < 0:
+            raise InvariantError(f"top_destinations must be >= 0, not {top_destinations}")
+        self.status_fn = status_fn
+        self.queue_counts_fn = queue_counts_fn
+        self.top_destinations = top_destinations
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.deliveries = Counter(
+            "qmgrd_deliveries",
+            "Recipient delivery outcomes by transport and status (sent, deferred, bounced, "
+            "expired).",
+            ("transport", "status"),
+            registry=self.registry,
+        )
+        self.deferrals = Counter(
+            "qmgrd_deferrals",
+            "Deferred recipients by transport and reason class (DSN class.subject, e.g. 4.4.x).",
+            ("transport", "reason_class"),
+            registry=self.registry,
+        )
+        self.bounces = Counter(
+            "qmgrd_bounces",
+            "Bounced recipients by transport and reason class (DSN class.subject, e.g. 5.1.x).",
+            ("transport", "reason_class"),
+            registry=self.registry,
+        )
+        self.delay = Histogram(
+            "qmgrd_delivery_delay_seconds",
+            "Time from message arrival to each recipient outcome, by transport and status.",
+            ("transport", "status"),
+            buckets=DELAY_BUCKETS,
+            registry=self.registry,
+        )
+        self.attempt = Histogram(
+            "qmgrd_delivery_attempt_seconds",
+            "Duration of one delivery request to an agent (connection and transaction).",
+            ("transport",),
+            buckets=ATTEMPT_BUCKETS,
+            registry=self.registry,
+        )
+        self._state = _StateCollector(self)
+        self.registry.register(self._state)
+
+    # ------------------------------------------------------------------ events
+
+    def record_delivery(self, transport: str, status: str, dsn: str, seconds: float) -> None:
+        """One recipient outcome; ``seconds`` = arrival to outcome (the log's ``delay=``)."""
+        if status not in STATUSES:
+            raise InvariantError(f"record_delivery: unknown status {status!r}")
+        self.deliveries.labels(transport, status).inc()
+        if status == "deferred":
+            self.deferrals.labels(transport, reason_class(dsn)).inc()
+        elif status == "bounced":
+            self.bounces.labels(transport, reason_class(dsn)).inc()
+        self.delay.labels(transport, status).observe(max(seconds, 0.0))
+
+    def record_attempt(self, transport: str, seconds: float) -> None:
+        """One delivery request handed to an agent took ``seconds``."""
+        self.attempt.labels(transport).observe(max(seconds, 0.0))
+
+    # ------------------------------------------------------------------ exposition
+
+    def generate(self) -> bytes:
+        """The text exposition, synchronously (queue counts read here, on this thread)."""
+        return generate_latest(self.registry)
+
+    async def render(self) -> bytes:
+        """The text exposition for a scrape: directory counting off the loop, the rest on it."""
+        counts: Mapping[str, int] | None = None
+        if self.queue_counts_fn is not None:
+            counts = await asyncio.to_thread(self.queue_counts_fn)
+        # No await from here on: the snapshot and the exposition belong together.
+        self._state.counts = counts
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self._state.counts = None
+
+
+class _StateCollector(Collector):
+    """Reads the engine snapshot and the queue counts at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.counts: Mapping[str, int] | None = None  # set by Metrics.render for one scrape
+
+    def describe(self) -> Iterable[Metric]:
+        """Nothing to pre-declare: the series depend on the state at scrape time."""
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        """Gauges for the spool queues, the scheduler's transports and the busiest destinations."""
+        metrics = self.metrics
+        counts = self.counts
+        if counts is None and metrics.queue_counts_fn is not None:
+            counts = metrics.queue_counts_fn()
+        if counts is not None:
+            files = GaugeMetricFamily(
+                "qmgrd_queue_messages", "Queue files per spool queue.", labels=("queue",)
+            )
+            for queue, count in sorted(counts.items()):
+                files.add_metric((queue,), count)
+            yield files
+        if metrics.status_fn is not None:
+            yield from _status_metrics(metrics.status_fn(), metrics.top_destinations)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _status_metrics(status: Mapping[str, Any], top: int) -> Iterable[Metric]:
+    """Translate ``Engine.status()`` into gauges (see the module doc)."""
+    yield _gauge("qmgrd_uptime_seconds", "Seconds since the engine started.", status["uptime"])
+    yield _gauge(
+        "qmgrd_messages_in_core",
+        "Messages in the active queue (qmgr_message_active_limit bounds it).",
+        status["messages_in_core"],
+    )
+    yield _gauge(
+        "qmgrd_recipients_in_core",
+        "Recipients in core (qmgr_message_recipient_limit bounds it).",
+        status["recipients_in_core"],
+    )
+    if "messages_waiting" in status:
+        yield _gauge(
+            "qmgrd_messages_waiting",
+            "Queue files found in incoming/ or due in deferred/, waiting for room in core.",
+            status["messages_waiting"],
+        )
+    stats = status.get("stats")
+    if isinstance(stats, Mapping):
+        for name, value in sorted(stats.items()):
+            if isinstance(value, int | float):
+                yield CounterMetricFamily(
+                    f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
+                )
+
+    t_busy = GaugeMetricFamily(
+        "qmgrd_transport_busy", "Deliveries in progress per transport.", labels=("transport",)
+    )
+    t_dead = GaugeMetricFamily(
+        "qmgrd_transport_dead",
+        "1 if the transport is dead (its agent failed; no deliveries until it revives).",
+        labels=("transport",),
+    )
+    t_dests = GaugeMetricFamily(
+        "qmgrd_transport_destinations",
+        "Destination queues in core per transport.",
+        labels=("transport",),
+    )
+    t_dead_dests = GaugeMetricFamily(
+        "qmgrd_transport_dead_destinations",
+        "Dead (throttled) destinations per transport.",
+        labels=("transport",),
+    )
+    d_labels = ("transport", "destination")
+    d_window = GaugeMetricFamily(
+        "qmgrd_destination_window",
+        "Concurrency window of the busiest destinations (0 = dead, -1 = suspended).",
+        labels=d_labels,
+    )
+    d_busy = GaugeMetricFamily(
+        "qmgrd_destination_busy", "Deliveries in progress to the destination.", labels=d_labels
+    )
+    d_todo = GaugeMetricFamily(
+        "qmgrd_destination_todo", "Recipient entries waiting for the destination.", labels=d_labels
+    )
+    d_dead = GaugeMetricFamily(
+        "qmgrd_destination_dead",
+        "1 for each dead destination (at most the top N by waiting entries).",
+        labels=d_labels,
+    )
+    ranked: list[tuple[int, int, str, str, Mapping[str, Any]]] = []
+    dead_ranked: list[tuple[int, str, str]] = []
+    for transport in status.get("transports", ()):
+        name = str(transport["name"])
+        queues = transport.get("queues", ())
+        t_busy.add_metric((name,), transport.get("busy", 0))
+        t_dead.add_metric((name,), 1 if transport.get("dead") else 0)
+        t_dests.add_metric((name,), len(queues))
+        dead = 0
+        for queue in queues:
+            dest = str(queue["name"])
+            ranked.append((int(queue["busy"]), int(queue["todo"]), name, dest, queue))
+            if queue.get("state") == "dead":
+                dead += 1
+                dead_ranked.append((int(queue["todo"]), name, dest))
+        t_dead_dests.add_metric((name,), dead)
+    ranked.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
+    for busy, todo, name, dest, queue in ranked[:top]:
+        d_window.add_metric((name, dest), queue["window"])
+        d_busy.add_metric((name, dest), busy)
+        d_todo.add_metric((name, dest), todo)
+    dead_ranked.sort(key=lambda r: (-r[0], r[1], r[2]))
+    for _todo, name, dest in dead_ranked[:top]:
+        d_dead.add_metric((name, dest), 1)
+    yield from (t_busy, t_dead, t_dests, t_dead_dests, d_window, d_busy, d_todo, d_dead)
+
+
+# ---------------------------------------------------------------------- HTTP endpoint
+
+
+class MetricsServer:
+    """A running endpoint: ``port`` (the bound one), ``close()``, ``await wait_closed()``."""
+
+    def __init__(self, server: asyncio.Server) -> None:
+        """Wraps the asyncio server returned by ``start_server``."""
+        self._server = server
+
+    @property
+    def sockets(self) -> tuple[tuple[str, int], ...]:
+        """The bound (host, port) pairs."""
+        return tuple(s.getsockname()[:2] for s in self._server.sockets)
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when started on port 0)."""
+        return self.sockets[0][1]
+
+    def close(self) -> None:
+        """Stop accepting scrapes."""
+        self._server.close()
+
+    async def wait_closed(self) -> None:
+        """Wait until the listening socket is closed."""
+        await self._server.wait_closed()
+
+    async def aclose(self) -> None:
+        """``close()`` then ``wait_closed()``."""
+        self.close()
+        await self.wait_closed()
+
+
+async def start_metrics_server(host: str, port: int, metrics: Metrics) -> MetricsServer:
+    """Listen on ``host:port`` and serve ``GET /metrics`` from ``metrics`` on this loop.
+
+    Raises OSError if the address cannot be bound (the caller turns it into
+    a ConfigError naming ``metrics_listen``).
+    """
+    log = get_logger("master")
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await asyncio.wait_for(_serve_one(reader, writer, metrics), _REQUEST_TIMEOUT)
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except Exception as exc:  # a broken status_fn must not kill the endpoint
+            log.error("metrics scrape failed", error=repr(exc))
+            with contextlib.suppress(ConnectionError):
+                await _respond(writer, 500, b"internal error\n", "text/plain; charset=utf-8")
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, host, port, limit=_MAX_REQUEST)
+    handle_ = MetricsServer(server)
+    log.info("metrics endpoint listening", address=_fmt_address(handle_.sockets[0]))
+    return handle_
+
+
+def _fmt_address(addr: tuple[str, int]) -> str:
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _serve_one(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, metrics: Metrics
+) -> None:
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.LimitOverrunError:
+        await _respond(writer, 431, b"request too large\n", "text/plain; charset=utf-8")
+        return
+    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+    parts = request_line.split()
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        await _respond(writer, 400, b"bad request\n", "text/plain; charset=utf-8")
+        return
+    method, target = parts[0], parts[1].split("?", 1)[0]
+    if method not in ("GET", "HEAD"):
+        await _respond(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8")
+        return
+    if target == "/metrics":
+        body = await metrics.render()
+        await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
+    elif target == "/":
+        page = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
+        await _respond(writer, 200, page, "text/html; charset=utf-8", head_only=method == "HEAD")
+    else:
+        await _respond(writer, 404, b"not found\n", "text/plain; charset=utf-8")
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+}
+
+
+async def _respond(
+    writer: asyncio.StreamWriter,
+    code: int,
+    body: bytes,
+    content_type: str,
+    *,
+    head_only: bool = False,
+) -> None:
+    header = (
+        f"HTTP/1.0 {code} {_REASONS[code]}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    writer.write(header if head_only else header + body)
+    await writer.drain()
