@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +47,68 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("mailq", help="list the queue in Postfix mailq format")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
+
+    p = sub.add_parser(
+        "qshape",
+        help="queue shape: messages by domain and age (Postfix qshape)",
+        description="Recipients (or, with --by sender, messages) per domain and age bucket; "
+        "ages are minutes since arrival. Reads the spool; no daemon needed.",
+    )
+    p.add_argument(
+        "queues",
+        nargs="*",
+        metavar="QUEUE",
+        help="incoming, active, deferred or hold (default: incoming active)",
+    )
+    p.add_argument(
+        "--by",
+        choices=("recipient", "sender"),
+        default="recipient",
+        help="group by recipient domain (default) or sender domain",
+    )
+    p.add_argument(
+        "-s", dest="by", action="store_const", const="sender", help="same as --by sender"
+    )
+    p.add_argument("-t", dest="bucket_minutes", type=int, default=5, metavar="MINUTES",
+                   help="age limit of the first bucket (default 5)")
+    p.add_argument("-b", dest="buckets", type=int, default=10, metavar="COUNT",
+                   help="number of age buckets, each twice the previous (default 10)")
+
+    p = sub.add_parser(
+        "flush",
+        help="retry deferred mail now (postqueue -f / -s / -i); needs the daemon",
+        description="Without options: forget dead destinations and retry every deferred "
+        "message now. Needs the running daemon.",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-s", dest="destination", metavar="DOMAIN",
+                   help="only deferred mail with a recipient in DOMAIN")
+    g.add_argument("-i", dest="queue_id", metavar="ID", help="only the deferred message ID")
+
+    sub.add_parser("scan", help="make the daemon look at the incoming queue now")
+
+    p = sub.add_parser("status", help="the running daemon's queues, transports and destinations")
+    p.add_argument("--json", action="store_true", help="the control socket's JSON reply")
+
+    for op, text in (
+        ("hold", "put messages on hold (no delivery until released)"),
+        ("release", "release held messages (deliver them now)"),
+        ("delete", "delete messages and their logs"),
+        ("requeue", "requeue messages: resolve their recipients again with the current config"),
+    ):
+        p = sub.add_parser(
+            op,
+            help=text,
+            description=f"{text[0].upper()}{text[1:]}. Safe while the daemon runs: it then "
+            "does the work itself (a message being delivered is handled when that delivery "
+            "ends); otherwise the spool is changed directly, like postsuper.",
+        )
+        p.add_argument(
+            "ids",
+            nargs="+",
+            metavar="ID",
+            help="queue ids, ALL for every message, or - to read ids from standard input",
+        )
     return parser
 
 
@@ -90,4 +153,65 @@ def _dispatch(args: argparse.Namespace) -> int:
         from qmgrd.spool.mailq import mailq_command
 
         return mailq_command(config_dir, as_json=args.json, out=sys.stdout)
+    return _dispatch_ops(args, config_dir)
+
+
+def _queue_directory(config_dir: Path) -> Path:
+    from qmgrd.config import load_config
+
+    return load_config(config_dir).get_path("queue_directory")
+
+
+def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
+    """The operator commands (qmgrd.ops): qshape, flush, scan, status, postsuper's four."""
+    if args.command == "qshape":
+        from qmgrd.ops.qshape import SHAPE_QUEUES, qshape_command
+
+        unknown = [q for q in args.queues if q not in SHAPE_QUEUES]
+        if unknown:
+            print(
+                f"qmgrd: fatal: unknown queue {unknown[0]!r} "
+                f"(expected: {' '.join(SHAPE_QUEUES)})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        if args.bucket_minutes < 1 or args.buckets < 2:
+            print("qmgrd: fatal: need -t >= 1 and -b >= 2", file=sys.stderr)
+            return EXIT_USAGE
+        return qshape_command(
+            _queue_directory(config_dir),
+            args.queues,
+            by_sender=args.by == "sender",
+            out=sys.stdout,
+            now=time.time(),
+            bucket_minutes=args.bucket_minutes,
+            buckets=args.buckets,
+        )
+    if args.command in ("flush", "scan", "status"):
+        from qmgrd.ops.status import flush_command, scan_command, status_command
+
+        queue_directory = _queue_directory(config_dir)
+        if args.command == "flush":
+            return flush_command(
+                queue_directory,
+                destination=args.destination,
+                queue_id=args.queue_id,
+                out=sys.stdout,
+                err=sys.stderr,
+            )
+        if args.command == "scan":
+            return scan_command(queue_directory)
+        return status_command(queue_directory, as_json=args.json, out=sys.stdout)
+    if args.command in ("hold", "release", "delete", "requeue"):
+        from qmgrd.ops.postsuper import operate_command
+
+        return operate_command(
+            _queue_directory(config_dir),
+            args.command,
+            args.ids,
+            stdin=sys.stdin,
+            out=sys.stdout,
+            err=sys.stderr,
+            now=time.time(),
+        )
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts choices

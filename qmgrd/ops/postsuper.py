@@ -1,0 +1,199 @@
+"""``qmgrd hold|release|delete|requeue ID...|ALL|-``: postsuper, safe beside the daemon.
+
+Theory of operation
+-------------------
+The spool must never have two writers for one message. When the daemon runs,
+every operation therefore goes through its control socket: the engine moves
+or removes messages that wait in a queue, and marks a message that is being
+delivered so that no new delivery of it starts and the operation is applied
+when its current pass ends (result ``pending``). Only when no daemon answers
+does this module touch the spool itself, as Postfix's postsuper does:
+
+=========  ==========================================  ==========================
+operation  from                                        to
+=========  ==========================================  ==========================
+hold       incoming, active, deferred                  hold/
+release    hold                                        deferred/, mtime now (due)
+delete     incoming, active, deferred, hold            removed, with defer/ and
+                                                       bounce/ logs
+requeue    incoming, active, deferred, hold            incoming/, mtime now
+=========  ==========================================  ==========================
+
+``active/`` is only listed here for a stopped daemon: its files are what a
+crash left behind and the next start moves them to ``incoming/``, so they are
+treated like incoming ones. ``requeue`` sends a message through the feed
+again, where its recipients are resolved with the configuration of the
+daemon that picks it up.
+
+``offline_operate(spool, op, queue_ids, now) -> dict[str, str]`` is the spool
+side; ``operate_command(...)`` is the CLI command: it reads ids (``-`` = from
+stdin), talks to the daemon or falls back to ``offline_operate``, prints a
+postsuper-style summary (``qmgrd: Deleted: 3 messages``) and returns the exit
+code (0 done, 1 some id not found or failed, 2 bad arguments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from qmgrd.daemon.control import MAX_IDS, Operation, control_socket_path
+from qmgrd.errors import SpoolError
+from qmgrd.ops.client import DaemonNotRunning, call
+from qmgrd.spool import Spool, is_queue_id
+
+__all__ = ["SUMMARY", "offline_operate", "operate_command", "parse_ids"]
+
+SUMMARY: dict[str, str] = {
+    "hold": "Placed on hold",
+    "release": "Released from hold",
+    "delete": "Deleted",
+    "requeue": "Requeued",
+}
+_SOURCES: dict[str, tuple[str, ...]] = {
+    "hold": ("incoming", "active", "deferred", "hold"),
+    "release": ("hold",),
+    "delete": ("incoming", "active", "deferred", "hold"),
+    "requeue": ("incoming", "active", "deferred", "hold"),
+}
+
+
+class UsageError(ValueError):
+    """Bad command arguments (exit code 2)."""
+
+
+def parse_ids(args: Sequence[str], stdin: TextIO) -> list[str] | None:
+    """The queue ids named by ``args``: None for ALL; ``-`` reads whitespace-separated ids.
+
+    Ids copied from mailq output may carry its status mark (``*`` active,
+    ``!`` hold); it is stripped, as the usual ``mailq | ... | postsuper -d -``
+    pipelines expect.
+    """
+    if "ALL" in args:
+        if len(args) != 1:
+            raise UsageError("ALL cannot be combined with queue ids")
+        return None
+    ids: list[str] = []
+    for arg in args:
+        words: Iterable[str] = stdin.read().split() if arg == "-" else [arg]
+        for word in words:
+            queue_id = word.rstrip("*!")
+            if not is_queue_id(queue_id):
+                raise UsageError(f"invalid queue id: {word!r}")
+            ids.append(queue_id)
+    return list(dict.fromkeys(ids))
+
+
+def offline_operate(
+    spool: Spool, op: Operation, queue_ids: Sequence[str] | None, now: float
+) -> dict[str, str]:
+    """Apply ``op`` directly to the spool (no daemon running); a result per id.
+
+    Results are ``ok``, ``not found`` or ``error: ...``. ALL means every
+    message in the operation's source queues (for ``hold``, those not held yet).
+    """
+    sources = _SOURCES[op]
+    if queue_ids is None:
+        listed = sources if op != "hold" else tuple(s for s in sources if s != "hold")
+        queue_ids = sorted({q for src in listed for q in spool.list_ids(src)})
+    return {queue_id: _apply_one(spool, op, queue_id, sources, now) for queue_id in queue_ids}
+
+
+def _apply_one(spool: Spool, op: str, queue_id: str, sources: tuple[str, ...], now: float) -> str:
+    for src in sources:
+        path = spool.path(src, queue_id)
+        if not path.is_file():
+            continue
+        if op == "hold" and src == "hold":
+            return "ok"
+        try:
+            if op == "hold":
+                spool.move(queue_id, src, "hold")
+            elif op == "release":
+                spool.move(queue_id, src, "deferred", mtime=now)
+            elif op == "requeue":
+                spool.move(queue_id, src, "incoming", mtime=now)
+            else:
+                if not spool.remove(src, queue_id):
+                    continue  # vanished meanwhile: look in the next queue
+                spool.remove_reasons("defer", queue_id)
+                spool.remove_reasons("bounce", queue_id)
+        except SpoolError as exc:
+            if not path.exists():
+                continue  # moved by someone else meanwhile: look in the next queue
+            return f"error: {exc}"
+        return "ok"
+    return "not found"
+
+
+def operate_command(
+    queue_directory: Path,
+    op: Operation,
+    args: Sequence[str],
+    *,
+    stdin: TextIO,
+    out: TextIO,
+    err: TextIO,
+    now: float,
+) -> int:
+    """The CLI command (see the module doc); returns the exit code."""
+    try:
+        queue_ids = parse_ids(args, stdin)
+    except UsageError as exc:
+        err.write(f"qmgrd: fatal: {exc}\n")
+        return 2
+    if queue_ids == []:
+        err.write("qmgrd: warning: no queue ids given\n")
+        return 0
+    results = _via_daemon(queue_directory, op, queue_ids)
+    if results is None:
+        spool = Spool(queue_directory)
+        results = offline_operate(spool, op, queue_ids, now)
+    return _report(op, results, out=out, err=err)
+
+
+def _via_daemon(
+    queue_directory: Path, op: Operation, queue_ids: list[str] | None
+) -> dict[str, str] | None:
+    """Results from the daemon, or None when no daemon runs."""
+    path = control_socket_path(queue_directory)
+    batches: list[list[str] | None] = (
+        [None] if queue_ids is None
+        else [queue_ids[i : i + MAX_IDS] for i in range(0, len(queue_ids), MAX_IDS)]
+    )
+    results: dict[str, str] = {}
+    for number, batch in enumerate(batches):
+        try:
+            reply = call(path, {"op": op, "ids": "ALL" if batch is None else batch})
+        except DaemonNotRunning:
+            if number == 0:
+                return None
+            raise  # the daemon stopped between batches: its message is the truth
+        got = reply.get("results")
+        if not isinstance(got, dict):
+            raise SpoolError(f"unexpected reply from the daemon: {reply!r}")
+        results.update({str(k): str(v) for k, v in got.items()})
+    return results
+
+
+def _report(op: str, results: dict[str, str], *, out: TextIO, err: TextIO) -> int:
+    done = pending = 0
+    failed = False
+    for queue_id, result in results.items():
+        if result == "ok":
+            done += 1
+        elif result == "pending":
+            pending += 1
+        elif result == "not found":
+            err.write(f"qmgrd: warning: {queue_id}: no such message\n")
+            failed = True
+        else:
+            err.write(f"qmgrd: warning: {queue_id}: {result}\n")
+            failed = True
+    count = done + pending
+    line = f"qmgrd: {SUMMARY[op]}: {count} message{'' if count == 1 else 's'}"
+    if pending:
+        line += f" ({pending} when {'its' if pending == 1 else 'their'} delivery ends)"
+    out.write(line + "\n")
+    return 1 if failed else 0
