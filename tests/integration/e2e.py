@@ -247,6 +247,33 @@ async def running_daemon(conf: Path, **kwargs: Any) -> AsyncIterator[Daemon]:
         await daemon.stop()
 
 
+class _WatchedList(list[Any]):
+    """A list that sets an event once it holds ``threshold`` items (no polling)."""
+
+    def __init__(self, items: Iterable[Any], threshold: int, event: asyncio.Event) -> None:
+        super().__init__(items)
+        self.threshold = threshold
+        self.event = event
+        if len(self) >= threshold:
+            event.set()
+
+    def append(self, item: Any) -> None:
+        super().append(item)
+        if len(self) >= self.threshold:
+            self.event.set()
+
+
+async def wait_for_messages(sink: Any, count: int, timeout: float = TIMEOUT) -> None:
+    """Wait until the sink (``tests.integration.sinks.SinkServer``) accepted ``count`` messages.
+
+    The sink's ``messages`` list is swapped for one that signals when it is
+    long enough, so the wait wakes on the append itself, never by polling.
+    """
+    event = asyncio.Event()
+    sink.messages = _WatchedList(sink.messages, count, event)
+    await asyncio.wait_for(event.wait(), timeout)
+
+
 def sent_events(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(queue id, address) of every ``status=sent`` event in captured logs."""
     return [
