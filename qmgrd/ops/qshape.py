@@ -8,10 +8,10 @@ bucket 5 minutes, 10 buckets, each twice as long as the one before) the
 columns are ``5 10 20 40 80 160 320 640 1280 1280+``: "5" counts mail younger
 than 5 minutes, "10" mail from 5 to 10 minutes old, ..., "1280+" the rest::
 
-                     T  5 10 20 40 80 160 320 640 1280 1280+
-           TOTAL     4  1  0  0  0  0   0   0   1    0     2
-     example.com     3  1  0  0  0  0   0   0   0    0     2
-     example.net     1  0  0  0  0  0   0   0   1    0     0
+                T 5 10 20 40 80 160 320 640 1280 1280+
+          TOTAL 4 2  0  0  1  0   0   0   0    0     1
+    example.com 3 2  0  0  0  0   0   0   0    0     1
+    example.net 1 0  0  0  1  0   0   0   0    0     0
 
 Recipient shape counts recipients not yet done (there can be more
 recipients than messages); sender shape counts messages, each once, under its
