@@ -9,6 +9,8 @@ import io
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -304,3 +306,45 @@ def test_exception_is_rendered_on_one_line(capsys: pytest.CaptureFixture[str]) -
     assert out.count("\n") == 1
     assert out.startswith("error: internal error: exception=Traceback")
     assert "ValueError: boom" in out
+
+
+def test_pflogsumm_reads_the_maillog(tmp_path: Path) -> None:
+    """pflogsumm --syslog-name=qmgrd counts received, delivered, deferred, bounced and rejected."""
+    tool = shutil.which("pflogsumm")
+    if tool is None:
+        pytest.skip("pflogsumm is not installed (apt-get install pflogsumm)")
+    path = tmp_path / "maillog"
+    configure_logging("postfix", maillog_file=path, hostname="mx1")
+    smtpd, qmgr, smtp = get_logger("smtpd"), get_logger("qmgr"), get_logger("smtp")
+    one, two = "4F9D3C2A1B0E7D6", "4F9D3C2A1B0E7D7"
+    smtpd.info("queued", queue_id=one, client="unknown[127.0.0.1]", from_="<s@example.com>")
+    qmgr.info("queued", queue_id=one, from_="<s@example.com>", size=1234, nrcpt="2 (queue active)")
+    _sent(smtp)
+    smtp.info(
+        "deferred", queue_id=one, to="<b@example.org>", relay="none", delay="0.5",
+        delays="0.1/0/0.4/0", dsn="4.4.1", status="deferred", reply="connect: refused",
+    )  # fmt: skip
+    smtpd.info("queued", queue_id=two, client="h.example[192.0.2.7]", from_="<t@example.com>")
+    qmgr.info("queued", queue_id=two, from_="<t@example.com>", size=99, nrcpt="1 (queue active)")
+    smtp.info(
+        "bounced", queue_id=two, to="<c@example.net>", relay="mx[192.0.2.1]:25", delay="1",
+        delays="0.1/0/0.4/0.5", dsn="5.1.1", status="bounced", reply="550 5.1.1 no such user",
+    )  # fmt: skip
+    qmgr.info("removed", queue_id=two)
+    smtpd.info(
+        "NOQUEUE: reject", stage="RCPT", client="unknown[192.0.2.9]", code="554 5.7.1",
+        reason="Relay access denied", from_="<x@example.com>", to="<y@example.org>",
+    )  # fmt: skip
+    proc = subprocess.run(
+        [tool, "--syslog-name=qmgrd", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    totals = {
+        m.group(2): int(m.group(1))
+        for m in re.finditer(r"^\s+(\d+)\s+(received|delivered|deferred|bounced|rejected)\b",
+                             proc.stdout, re.MULTILINE)
+    }  # fmt: skip
+    assert totals == {"received": 2, "delivered": 1, "deferred": 1, "bounced": 1, "rejected": 1}
