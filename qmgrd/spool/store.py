@@ -84,11 +84,24 @@ class Spool:
     # -- layout ----------------------------------------------------------------
 
     def ensure_dirs(self) -> None:
-        """Create missing directories (mode 0700); SpoolError if that is impossible."""
+        """Create missing directories (mode 0700); SpoolError if that is impossible.
+
+        Mail is private: a spool directory that already exists with group or
+        other access (made by hand, or by an installer with a loose umask) is
+        tightened to 0700, with a warning naming it.
+        """
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for name in DIRECTORIES:
-                (self.root / name).mkdir(mode=0o700, exist_ok=True)
+            for path in (self.root, *(self.root / name for name in DIRECTORIES)):
+                path.mkdir(mode=0o700, exist_ok=True)
+                mode = path.stat().st_mode & 0o777
+                if mode & 0o077:
+                    os.chmod(path, 0o700)
+                    get_logger("master").warning(
+                        "spool directory was open to other users; mode set to 0700",
+                        directory=str(path),
+                        old_mode=f"{mode:04o}",
+                    )
         except OSError as exc:
             raise SpoolError(f"cannot create spool directory under {self.root}: {exc}") from exc
 

@@ -1,0 +1,115 @@
+"""File modes: the spool and the control socket are closed to other users, whatever the umask."""
+
+from __future__ import annotations
+
+import os
+import smtplib
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from qmgrd.spool import DIRECTORIES, Envelope, ReasonRecord, RecipientSpec, Spool
+from tests.integration.test_run import TIMEOUT, Output, _config, _free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _loose(path: Path) -> bool:
+    """Whether anyone but the owner (or, for the socket, its group) can get at ``path``."""
+    mode = _mode(path)
+    if stat.S_ISSOCK(os.lstat(path).st_mode):
+        return bool(mode & 0o007)
+    return bool(mode & 0o077)
+
+
+@pytest.fixture
+def daemon_umask0(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output, int, Path]]:
+    """``qmgrd run`` started with umask 000, the most permissive an operator could leave."""
+    port = _free_port()
+    # No reachable relay: a message stays queued so its files can be inspected.
+    cfg = _config(tmp_path, port, "relayhost = [127.0.0.1]:9\nsmtp_connect_timeout = 1s\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: os.umask(0),
+    )
+    try:
+        yield proc, Output(proc), port, tmp_path / "spool"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_daemon_spool_files_and_control_socket_are_private(
+    daemon_umask0: tuple[subprocess.Popen[bytes], Output, int, Path],
+) -> None:
+    """Under umask 000 the spool, each queue directory, queue files and defer logs are 0700/0600
+    and the control socket grants nothing to other users."""
+    proc, out, port, spool = daemon_umask0
+    out.wait_for("daemon started")
+    with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
+        client.sendmail("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")
+    out.wait_for("status=deferred")
+    out.wait_for("next_attempt=")
+    assert _mode(spool) == 0o700
+    for name in DIRECTORIES:
+        assert _mode(spool / name) == 0o700, name
+    files = [p for name in ("deferred", "defer") for p in (spool / name).iterdir()]
+    assert len(files) == 2, files
+    for path in files:
+        assert _mode(path) == 0o600, path
+    sockets = [p for p in (spool / "public").iterdir() if stat.S_ISSOCK(os.lstat(p).st_mode)]
+    # The control socket is wired into `run` by the daemon; when present it must be private.
+    for path in sockets:
+        assert not _loose(path), (path, oct(_mode(path)))
+    leaks = [p for p in spool.rglob("*") if _loose(p)] + ([spool] if _loose(spool) else [])
+    assert leaks == []
+    proc.terminate()
+    assert proc.wait(TIMEOUT) == 0
+
+
+def test_existing_loose_spool_directories_are_tightened(tmp_path: Path) -> None:
+    """A spool made beforehand with 0755/0777 directories is set to 0700 at start, with a warning."""
+    root = tmp_path / "spool"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    (root / "incoming").mkdir()
+    os.chmod(root / "incoming", 0o777)
+    with capture_logs() as logs:
+        Spool(root).ensure_dirs()
+    assert _mode(root) == 0o700 and _mode(root / "incoming") == 0o700
+    warned = sorted(e["directory"] for e in logs if e["log_level"] == "warning")
+    assert warned == [str(root), str(root / "incoming")]
+
+
+def test_queue_files_and_reason_logs_are_0600_under_umask_0(tmp_path: Path) -> None:
+    """Commit and reason-log writes create owner-only files even with umask 000."""
+    old = os.umask(0)
+    try:
+        spool = Spool(tmp_path / "spool", fsync=False)
+        spool.ensure_dirs()
+        qid = spool.commit(
+            Envelope("s@x.test", (RecipientSpec("r@y.test"),), arrival_time=1e9), b"hi\r\n"
+        )
+        spool.append_reasons(
+            "bounce", qid, [ReasonRecord("r@y.test", "5.0.0", "failed", "no", 1e9, "none", None)]
+        )
+    finally:
+        os.umask(old)
+    assert _mode(spool.path("incoming", qid)) == 0o600
+    assert _mode(spool.root / "bounce" / qid) == 0o600
