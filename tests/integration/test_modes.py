@@ -84,7 +84,7 @@ def test_daemon_spool_files_and_control_socket_are_private(
 
 
 def test_existing_loose_spool_directories_are_tightened(tmp_path: Path) -> None:
-    """A spool made beforehand with 0755/0777 directories is set to 0700 at start, with a warning."""
+    """Spool directories made beforehand with 0755/0777 are set to 0700 at start, with a warning."""
     root = tmp_path / "spool"
     root.mkdir(mode=0o755)
     os.chmod(root, 0o755)
