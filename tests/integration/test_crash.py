@@ -326,8 +326,10 @@ async def test_sigkill_under_load_loses_nothing(tmp_path: Path) -> None:
     for key in duplicates:
         t = first[key]
         owner = next((r for r in h.runs if r.started <= t < (r.ended or float("inf"))), None)
-        removed = owner is not None and key[0] in qid_of and any(
-            line.startswith(f"{qid_of[key[0]]}: removed") for line in owner.lines
+        removed = (
+            owner is not None
+            and key[0] in qid_of
+            and any(line.startswith(f"{qid_of[key[0]]}: removed") for line in owner.lines)
         )
         if owner is None or owner.kind == "final" or removed:
             unexplained.append((key, owner.kind if owner else None, removed))
