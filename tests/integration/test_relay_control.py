@@ -1,0 +1,154 @@
+"""Relay control: only mynetworks (default loopback) may relay; rejections are logged safely."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from qmgrd.config import load_config
+from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
+from qmgrd.log import render_postfix
+from qmgrd.spool import Spool
+
+TIMEOUT = 20
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _default_settings(tmp_path: Path) -> ListenerSettings:
+    conf = tmp_path / "etc"
+    conf.mkdir(exist_ok=True)
+    (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
+    (conf / "main.cf").write_text("smtpd_listen = 127.0.0.1:0\n")
+    return ListenerSettings.from_config(load_config(conf, hostname="mx.test"))
+
+
+def test_default_mynetworks_is_loopback_only(tmp_path: Path) -> None:
+    """Out of the box 127.0.0.0/8 and ::1 may relay; nothing else, IPv4-mapped included."""
+    settings = _default_settings(tmp_path)
+    assert settings.mynetworks == (
+        ipaddress.ip_network("127.0.0.0/8"),
+        ipaddress.ip_network("::1/128"),
+    )
+    for addr in ("127.0.0.1", "127.1.2.3", "::1", "::ffff:127.0.0.1"):
+        assert settings.permits_relay(addr), addr
+    for addr in ("10.0.0.1", "192.168.1.1", "::2", "2001:db8::1", "::ffff:10.0.0.1", "unknown"):
+        assert not settings.permits_relay(addr), addr
+
+
+@dataclasses.dataclass
+class Listener:
+    handle: ListenerHandle
+    spool: Spool
+    commits: list[str]
+
+    @property
+    def port(self) -> int:
+        return self.handle.addresses[0][1]
+
+
+@contextlib.asynccontextmanager
+async def listening(tmp_path: Path, settings: ListenerSettings) -> AsyncIterator[Listener]:
+    spool = Spool(tmp_path / "spool", fsync=False)
+    spool.ensure_dirs()
+    commits: list[str] = []
+    handle = await start_listener(settings, spool, on_commit=commits.append)
+    try:
+        yield Listener(handle, spool, commits)
+    finally:
+        await asyncio.wait_for(handle.wait_closed(), TIMEOUT)
+
+
+async def _session(host: str, port: int, lines: list[str]) -> list[str]:
+    """Send ``lines`` one at a time; the first reply of each (the 220 greeting first)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    replies: list[str] = []
+    try:
+        for line in [None, *lines]:
+            if line is not None:
+                writer.write(line.encode("utf-8", "surrogateescape") + b"\r\n")
+            while True:
+                raw = await asyncio.wait_for(reader.readline(), TIMEOUT)
+                assert raw, f"closed after {replies}"
+                if raw[3:4] != b"-":
+                    replies.append(raw.decode().rstrip("\r\n"))
+                    break
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+    return replies
+
+
+TRANSACTION = [
+    "EHLO client.test",
+    "MAIL FROM:<s@src.test>",
+    "RCPT TO:<r@dst.test>",
+    "DATA",
+]
+
+
+async def test_loopback_client_relays_with_default_settings(tmp_path: Path) -> None:
+    """127.0.0.1 is in the default mynetworks: the message is accepted and committed."""
+    async with listening(tmp_path, _default_settings(tmp_path)) as srv:
+        replies = await _session(
+            "127.0.0.1", srv.port, [*TRANSACTION, "Subject: x\r\n\r\nhi\r\n.", "QUIT"]
+        )
+    assert [r[:3] for r in replies] == ["220", "250", "250", "250", "354", "250", "221"]
+    assert len(srv.commits) == 1
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+async def test_ipv6_loopback_client_relays_with_default_settings(tmp_path: Path) -> None:
+    """[::1]/128 is in the default mynetworks: a client on ::1 may relay."""
+    settings = dataclasses.replace(_default_settings(tmp_path), listen=(("::1", 0),))
+    async with listening(tmp_path, settings) as srv:
+        replies = await _session("::1", srv.port, TRANSACTION[:3])
+    assert replies[-1].startswith("250 2.1.5")
+
+
+async def test_client_outside_mynetworks_is_denied_and_logged(tmp_path: Path) -> None:
+    """Outside mynetworks every RCPT gets 554 5.7.1, DATA has no recipient, nothing is queued,
+    and each rejection is logged with the client address and the recipient."""
+    settings = dataclasses.replace(
+        _default_settings(tmp_path), mynetworks=(ipaddress.ip_network("10.0.0.0/8"),)
+    )
+    async with listening(tmp_path, settings) as srv:
+        with capture_logs() as logs:
+            replies = await _session(
+                "127.0.0.1",
+                srv.port,
+                [
+                    "EHLO client.test",
+                    "MAIL FROM:<s@src.test>",
+                    "RCPT TO:<r@dst.test>",
+                    'RCPT TO:<"tab\there"@dst.test>',
+                    "DATA",
+                ],
+            )
+        assert srv.commits == [] and srv.spool.list_ids("incoming") == []
+    assert replies[3] == "554 5.7.1 <r@dst.test>: Relay access denied"
+    assert replies[4].startswith("554 5.7.1")
+    assert replies[5].startswith("554 5.5.1")
+    rejects = [e for e in logs if e["event"] == "NOQUEUE: reject"]
+    assert [e["to"] for e in rejects] == ["<r@dst.test>", '<"tab\there"@dst.test>']
+    assert all(e["client"] == "unknown[127.0.0.1]" for e in rejects)
+    line = render_postfix(dict(rejects[1]))
+    assert "\t" not in line and 'to=<"tab\\there"@dst.test>' in line
+    assert "RCPT from unknown[127.0.0.1]: 554 5.7.1" in line
