@@ -14,7 +14,12 @@ to try or a ``DnsFailure`` (a value, never an exception, per STYLE §6):
 - NXDOMAIN: permanent 5.4.4; SERVFAIL, timeout or no usable resolver:
   transient 4.4.3; no MX records: the name's own A/AAAA;
 - MX hosts whose addresses cannot be found are skipped; if none has an
-  address, the error is transient if any lookup was transient, else 5.4.4.
+  address, the error is transient if any lookup was transient, else 5.4.4;
+- hostile answers stay cheap: hosts are resolved best preference first
+  (shuffled within a preference when randomizing) and only until
+  ``address_limit`` addresses (``smtp_mx_address_limit``) are known, and never
+  more than ``MX_HOST_LIMIT`` hosts, so 2000 MX records cost a few queries,
+  not 4000. A CNAME loop ends as dnspython's NoAnswer/error for that name.
 
 Nameservers come from ``smtp_dns_nameservers`` (``host``, ``host:port`` or
 ``[host]:port``); empty means the system resolver.
@@ -36,6 +41,7 @@ import dns.resolver
 from qmgrd.errors import ConfigError
 
 DEFAULT_PORT = 25
+MX_HOST_LIMIT = 50  # MX hosts whose addresses one lookup may resolve, whatever the answer holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,10 +180,16 @@ class MxResolver:
         timeout: float = 10.0,
         rng: random.Random | None = None,
         randomize: bool = True,
+        address_limit: int = 0,
     ) -> None:
-        """Build the resolver; an empty ``nameservers`` uses the system configuration."""
+        """Build the resolver; an empty ``nameservers`` uses the system configuration.
+
+        ``address_limit`` (0 = none) stops resolving MX hosts once that many
+        addresses are known: the agent would not try more anyway.
+        """
         self._rng = rng or random.Random()
         self._randomize = randomize
+        self._address_limit = address_limit
         self._setup_error: str | None = None
         if nameservers:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
@@ -224,15 +236,17 @@ class MxResolver:
             return self._order([Endpoint(name, a, dest.port) for a in found])
         except (dns.exception.DNSException, OSError) as exc:
             return _temp_failure(name, "MX", exc)
-        records = sorted(
-            ((int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer),
-            key=lambda rec: rec[0],
-        )
+        records = [(int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer]
         if any(host in ("", ".") for _, host in records):
             return DnsFailure("5.1.0", f"Domain {name} does not accept mail (nullMX)")
+        if self._randomize:
+            self._rng.shuffle(records)  # then a stable sort: random within a preference
+        records.sort(key=lambda rec: rec[0])
         endpoints: list[Endpoint] = []
         failures: list[DnsFailure] = []
-        for pref, host in records:
+        for pref, host in records[:MX_HOST_LIMIT]:
+            if self._address_limit and len(endpoints) >= self._address_limit:
+                break
             if _is_address(host):  # not allowed by RFC 5321 but seen in the wild
                 endpoints.append(Endpoint(host, host, dest.port, pref))
                 continue

@@ -182,6 +182,7 @@ class SmtpAgent:
             timeout=settings.dns_timeout,
             rng=rng,
             randomize=settings.randomize_addresses,
+            address_limit=settings.mx_address_limit,
         )
         self.clock = clock
         self.stats = SmtpStats()
