@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from qmgrd.core.backoff import delay_warning_due, is_expired, next_attempt
 from qmgrd.core.entry import Entry
@@ -137,6 +137,18 @@ class _FinishOutcome:
     next_attempt: float = 0.0
 
 
+class DeliveryObserver(Protocol):
+    """Where the engine reports outcomes for metrics (``qmgrd.daemon.metrics.Metrics``)."""
+
+    def record_delivery(self, transport: str, status: str, dsn: str, seconds: float) -> None:
+        """One recipient outcome; ``seconds`` since the message arrived."""
+        ...
+
+    def record_attempt(self, transport: str, seconds: float) -> None:
+        """One delivery attempt took ``seconds``."""
+        ...
+
+
 class Engine:
     """Drives the scheduler: feed, read, select, deliver, complete (see the module doc)."""
 
@@ -162,6 +174,7 @@ class Engine:
         self.clock = clock
         self.io = io or IoBatcher()
         self.stats = EngineStats()
+        self.metrics: DeliveryObserver | None = None
         self.log = get_logger("qmgr")
         self.smtp_log = get_logger("smtp")
         self._kick = asyncio.Event()
@@ -643,6 +656,10 @@ class Engine:
                 ReasonRecord(rcpt.address, status, "delayed", reason, now, "none", record.orcpt)
             )
             self.stats.recipients_deferred += 1
+            if self.metrics is not None:
+                self.metrics.record_delivery(
+                    rcpt.transport, "deferred", status, now - msg.qf.arrival_time
+                )
             self.smtp_log.info(
                 "deferred",
                 queue_id=msg.queue_id,
@@ -665,6 +682,13 @@ class Engine:
     ) -> None:
         delay = _fmt(now - msg.qf.arrival_time)
         delays = _delays(msg, started, now, result.conn_setup_time, result.transmission_time)
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.record_attempt(entry.transport, now - started)
+            for r in result.recipients:
+                metrics.record_delivery(
+                    entry.transport, r.outcome.value, r.dsn, now - msg.qf.arrival_time
+                )
         for r in result.recipients:
             status = r.outcome.value
             if r.outcome is Outcome.SENT:
@@ -725,6 +749,10 @@ class Engine:
             )
         elif outcome.action == "expired":
             for record in outcome.expired_recipients:
+                if self.metrics is not None:
+                    self.metrics.record_delivery(
+                        "", "expired", record.dsn, now - msg.qf.arrival_time
+                    )
                 self.smtp_log.info(
                     "expired",
                     queue_id=msg.queue_id,

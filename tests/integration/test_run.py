@@ -153,3 +153,61 @@ def test_run_with_port_in_use_fails_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "smtpd_listen" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_run_notifies_systemd_serves_metrics_and_survives_a_bad_reload(
+    tmp_path: Path, sink: tuple[_Recorder, int]
+) -> None:
+    """READY=1 after binding, /metrics parses, SIGHUP with a broken main.cf keeps the old config."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port, metrics_port = _free_port(), _free_port()
+    cfg = _config(
+        tmp_path,
+        port,
+        f"relayhost = [127.0.0.1]:{sink[1]}\nmetrics_listen = 127.0.0.1:{metrics_port}\n",
+    )
+    notify_path = tmp_path / "notify.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(notify_path))
+    notify.settimeout(TIMEOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "NOTIFY_SOCKET": str(notify_path)},
+    )
+    try:
+        out = Output(proc)
+        assert b"READY=1" in notify.recv(4096)
+        with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
+            client.sendmail("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")
+        out.wait_for("removed")
+        with urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=TIMEOUT) as reply:
+            text = reply.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        delivered = [
+            s
+            for f in families.values()
+            for s in f.samples
+            if s.labels.get("status") == "sent" and s.name.endswith("_total")
+        ]
+        assert delivered and sum(s.value for s in delivered) == 1
+        (cfg / "main.cf").write_text((cfg / "main.cf").read_text() + "soft_bounce = maybe\n")
+        proc.send_signal(signal.SIGHUP)
+        assert b"RELOADING=1" in notify.recv(4096)
+        out.wait_for("reload refused")
+        assert b"READY=1" in notify.recv(4096)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT) == 0
+        assert b"STOPPING=1" in notify.recv(4096)
+    finally:
+        notify.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(TIMEOUT)
+        if proc.stdout is not None:
+            proc.stdout.close()
