@@ -241,9 +241,12 @@ class Engine:
 
     async def wait_idle(self) -> None:
         """Wait until a pass that began after this call ends with nothing in core or pending."""
+        # Passes are synchronous, so any pass counted after ``start`` began after this call;
+        # the kick makes sure one runs even when the engine sleeps with no deadline.
         start = self._passes
+        self._kick.set()
         async with self._pass_cond:
-            await self._pass_cond.wait_for(lambda: self._passes > start + 1 and self.idle)
+            await self._pass_cond.wait_for(lambda: self._passes > start and self.idle)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -990,7 +993,10 @@ class Engine:
         if op not in _OPS:
             raise ValueError(f"unknown operation {op!r}")
         if queue_ids is None:
-            sources = ("hold",) if op == "release" else ("incoming", "deferred", "hold")
+            sources = {
+                "release": ("hold",),
+                "hold": ("incoming", "deferred"),
+            }.get(op, ("incoming", "deferred", "hold"))
             listed = await self.io.submit(
                 lambda: [q for src in sources for q in self.spool.list_ids(src)]
             )
