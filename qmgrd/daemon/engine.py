@@ -131,7 +131,7 @@ class EngineStats:
 @dataclass(frozen=True, slots=True)
 class _FinishOutcome:
     action: str  # "removed" | "deferred" | "expired" | "corrupt" | "error"
-    notices: tuple[str, ...] = ()  # queue ids of notices enqueued
+    notices: tuple[tuple[str, str], ...] = ()  # (kind, queue id) of notices enqueued
     detail: str = ""
     expired_recipients: tuple[ReasonRecord, ...] = ()
     next_attempt: float = 0.0
@@ -736,7 +736,7 @@ class Engine:
             self._kick.set()
             return
         self._known.discard(msg.queue_id)
-        for notice_id in outcome.notices:
+        for _kind, notice_id in outcome.notices:
             self.notify_incoming(notice_id)
         if outcome.action in _OP_LOG:
             self._op_done(msg.queue_id, outcome.action)
@@ -770,9 +770,12 @@ class Engine:
             self.stats.messages_removed += 1
         elif outcome.action == "corrupt":
             self.log.warning("corrupt queue file", queue_id=msg.queue_id, reason=outcome.detail)
-        for notice_id in outcome.notices:
-            self.stats.messages_bounced += 1
-            self.log.info("sender notification", queue_id=msg.queue_id, notice=notice_id)
+        for kind, notice_id in outcome.notices:
+            # Postfix's shape: "ID: sender non-delivery notification: NOTICE_ID".
+            what = "non-delivery" if kind == "failure" else "delay"
+            if kind == "failure":
+                self.stats.messages_bounced += 1
+            self.log.info(f"sender {what} notification: {notice_id}", queue_id=msg.queue_id)
         self._kick.set()
 
     def _finish_files(self, msg: ActiveMessage, now: float) -> _FinishOutcome:
@@ -786,11 +789,11 @@ class Engine:
             return _FinishOutcome("corrupt", detail=msg.corrupt)
         if msg.pending_op is not None:
             return _FinishOutcome(self._apply_op_files(msg.pending_op, qid, "active", now))
-        notices: list[str] = []
+        notices: list[tuple[str, str]] = []
         if msg.bounced:
             records = spool.read_reasons("bounce", qid)
             if records and qf.sender:
-                notices.append(self._enqueue_notice(msg, records, "failure", now))
+                notices.append(("failure", self._enqueue_notice(msg, records, "failure", now)))
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
         if not msg.deferred:
@@ -819,7 +822,9 @@ class Engine:
                 for r in records
             )
             if expired and qf.sender:
-                notices.append(self._enqueue_notice(msg, list(expired), "failure", now))
+                notices.append(
+                    ("failure", self._enqueue_notice(msg, list(expired), "failure", now))
+                )
             spool.remove("active", qid)
             spool.remove_reasons("defer", qid)
             return _FinishOutcome("expired", tuple(notices), expired_recipients=expired)
@@ -832,7 +837,7 @@ class Engine:
         ):
             records = spool.read_reasons("defer", qid)
             if records:
-                notices.append(self._enqueue_notice(msg, records, "delay", now))
+                notices.append(("delay", self._enqueue_notice(msg, records, "delay", now)))
             rewrite_warn_time(msg.path, qf.warn_offset, WARNED)
         when = next_attempt(now, qf.arrival_time, s.minimal_backoff_time, s.maximal_backoff_time)
         spool.move(qid, "active", "deferred", mtime=when)
