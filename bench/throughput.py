@@ -220,7 +220,8 @@ class Result:
             f"rate={n / self.elapsed:7.0f} msg/s {self.recipients / self.elapsed:7.0f} rcpt/s  "
             f"daemon_cpu={self.daemon_cpu * 1000 / n:6.3f} ms/msg  "
             f"sink_cpu={self.sink_cpu * 1000 / n:5.3f}  "
-            f"client_cpu={self.client_cpu * 1000 / n:5.3f}  wall={self.elapsed:6.2f}s intake={self.intake:6.2f}s "
+            f"client_cpu={self.client_cpu * 1000 / n:5.3f}  "
+            f"wall={self.elapsed:6.2f}s intake={self.intake:6.2f}s "
             f"sink_connections={self.connections} problems={self.problems}"
         )
 
