@@ -71,7 +71,8 @@ def _daemon(conf: str, loop_kind: str, profile: str | None) -> None:
     if profile:
         import cProfile
 
-        profiler = cProfile.Profile()
+        # CPU time of the loop thread (worker threads do the file work and are not profiled).
+        profiler = cProfile.Profile(time.thread_time)
         profiler.enable()
     if loop_kind == "uvloop":
         import uvloop
