@@ -74,7 +74,7 @@ from qmgrd.delivery.agent import (
     Recipient,
     RecipientResult,
 )
-from qmgrd.delivery.dsn import DsnRecipient, compose_dsn, wants_notice
+from qmgrd.delivery.dsn import DsnRecipient, NoticeKind, compose_dsn, wants_notice
 from qmgrd.errors import SpoolError
 from qmgrd.log import get_logger
 from qmgrd.spool import (
@@ -656,7 +656,16 @@ class Engine:
         for rcpt in recipients:
             record = _record_of(rcpt)
             msg.pending_defer.append(
-                ReasonRecord(rcpt.address, status, "delayed", reason, now, "none", record.orcpt)
+                ReasonRecord(
+                    rcpt.address,
+                    status,
+                    "delayed",
+                    reason,
+                    now,
+                    "none",
+                    record.orcpt,
+                    tuple(sorted(record.notify)),
+                )
             )
             self.stats.recipients_deferred += 1
             if self.metrics is not None:
@@ -818,13 +827,13 @@ class Engine:
                     now,
                     r.relay,
                     r.orcpt,
+                    r.notify,
                 )
                 for r in records
             )
-            if expired and qf.sender:
-                notices.append(
-                    ("failure", self._enqueue_notice(msg, list(expired), "failure", now))
-                )
+            wanted = _wanted(expired, "failure")
+            if wanted and qf.sender:
+                notices.append(("failure", self._enqueue_notice(msg, wanted, "failure", now)))
             spool.remove("active", qid)
             spool.remove_reasons("defer", qid)
             return _FinishOutcome("expired", tuple(notices), expired_recipients=expired)
@@ -835,7 +844,7 @@ class Engine:
             and qf.warn_time != WARNED
             and delay_warning_due(now, float(qf.warn_time))
         ):
-            records = spool.read_reasons("defer", qid)
+            records = _wanted(spool.read_reasons("defer", qid), "delay")
             if records:
                 notices.append(("delay", self._enqueue_notice(msg, records, "delay", now)))
             rewrite_warn_time(msg.path, qf.warn_offset, WARNED)
@@ -1180,7 +1189,17 @@ def _reason(r: RecipientResult, action: str, now: float) -> ReasonRecord:
         now,
         r.relay,
         r.recipient.orcpt,
+        tuple(sorted(r.recipient.notify)),
     )
+
+
+def _wanted(records: Sequence[ReasonRecord], kind: NoticeKind) -> list[ReasonRecord]:
+    """The records whose recipient wants a ``kind`` notice (DSN NOTIFY, RFC 3461 §4.1)."""
+    return [
+        r
+        for r in records
+        if wants_notice(Recipient(r.address, 0, r.orcpt, frozenset(r.notify)), kind)
+    ]
 
 
 def _failed_status(dsn: str) -> str:

@@ -42,6 +42,7 @@ class ReasonRecord:
     time: float  # when it happened (seconds since the epoch)
     relay: str = "none"
     orcpt: str | None = None
+    notify: tuple[str, ...] = ()  # DSN NOTIFY keywords of the recipient; () = not given
 
 
 def _path(root: Path, kind: ReasonKind, queue_id: str) -> Path:
@@ -121,7 +122,10 @@ def _decode(line: bytes) -> ReasonRecord:
     obj = json.loads(line.decode("utf-8", "surrogateescape"))
     if not isinstance(obj, dict):
         raise TypeError("not a JSON object")
-    record = ReasonRecord(**obj)
+    notify = obj.pop("notify", [])
+    if not isinstance(notify, list) or not all(isinstance(word, str) for word in notify):
+        raise TypeError("notify is not a list of strings")
+    record = ReasonRecord(**obj, notify=tuple(notify))
     for name in ("address", "dsn", "action", "reason", "relay"):
         if not isinstance(getattr(record, name), str):
             raise TypeError(f"{name} is not a string")

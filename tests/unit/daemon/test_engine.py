@@ -264,3 +264,51 @@ async def test_content_reaches_the_agent_byte_exact(tmp_path: Path) -> None:
     task = await _run_until_idle(engine)
     await _stop(engine, task)
     assert agent.contents == [expected]
+
+
+async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn(
+    tmp_path: Path,
+) -> None:
+    """A due W record gives one delay notice (not again next pass); NOTIFY=NEVER gets no DSN."""
+    agent = FakeAgent(
+        rule=lambda a: (Outcome.SENT, "2.0.0", "250 ok")
+        if a == "sender@src.test"
+        else (Outcome.DEFERRED, "4.4.1", "connection refused")
+    )
+    engine, spool, clock = _engine(tmp_path, agent)
+    warned = spool.commit(
+        Envelope(
+            sender="sender@src.test",
+            recipients=(RecipientSpec("r@a.test"),),
+            arrival_time=clock.now(),
+            warn_time=int(clock.now()),
+        ),
+        b"Subject: slow\r\n\r\nbody\r\n",
+    )
+    task = await _run_until_idle(engine)
+    notices = [r for r in agent.requests if r.sender == ""]
+    assert len(notices) == 1
+    body = agent.contents[agent.requests.index(notices[0])].decode()
+    assert "delayed" in body.lower() and "r@a.test" in body
+    assert spool.list_ids("deferred") == [warned]
+    clock.advance(400)
+    engine.request_deferred_scan()
+    await asyncio.wait_for(engine.wait_idle(), 20)
+    assert len([r for r in agent.requests if r.sender == ""]) == 1  # warned once only
+    await _stop(engine, task)
+
+    agent2 = FakeAgent(rule=lambda _a: (Outcome.DEFERRED, "4.4.1", "connection refused"))
+    (tmp_path / "two").mkdir()
+    engine2, spool2, clock2 = _engine(tmp_path / "two", agent2, "maximal_queue_lifetime = 0")
+    spool2.commit(
+        Envelope(
+            sender="sender@src.test",
+            recipients=(RecipientSpec("quiet@a.test", notify=frozenset({"NEVER"})),),
+            arrival_time=clock2.now(),
+        ),
+        b"Subject: x\r\n\r\nbody\r\n",
+    )
+    task2 = await _run_until_idle(engine2)
+    await _stop(engine2, task2)
+    assert [r for r in agent2.requests if r.sender == ""] == []
+    assert spool2.list_ids("deferred") == [] and spool2.list_ids("incoming") == []
