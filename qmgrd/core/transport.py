@@ -52,6 +52,10 @@ class Transport:
     rate_locked: bool = False
     revive_at: float | None = None  # dead timer deadline
     unlock_at: float | None = None  # rate-lock release deadline
+    # last_done of READY queues deleted when they went idle, oldest first, kept about a second:
+    # a queue re-created moments later still detects back-to-back deliveries (see
+    # Scheduler._queue_delete; a measured difference from Postfix, DESIGN §9).
+    recent_done: dict[str, float] = field(default_factory=dict)
     link: Link[Transport] = field(init=False)  # on the scheduler's round-robin list
 
     def __post_init__(self) -> None:

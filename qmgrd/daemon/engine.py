@@ -304,8 +304,10 @@ class Engine:
         timeout = None if deadline is None else max(0.0, deadline - now)
         if self._kick.is_set():
             return
+        # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the wait in a new task per pass.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._kick.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._kick.wait()
 
     async def _shutdown(self) -> None:
         if self._deliveries:

@@ -31,21 +31,29 @@ class QueueFileContent:
         return cls(qf.path, qf.content_offset, qf.content_size)
 
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
-        """Yield the content in order; SpoolError if the file vanished or is short."""
+        """Yield the content in order; SpoolError if the file vanished or is short.
+
+        The open and the first read share one thread hop (most mail fits in one
+        chunk, so a delivery costs a single hop for its content).
+        """
+        end = self.offset + self.size
         try:
-            fd = await asyncio.to_thread(open_regular, self.path, os.O_RDONLY)
+            fd, data = await asyncio.to_thread(
+                _open_and_read, self.path, min(chunk_size, self.size), self.offset
+            )
         except OSError as exc:
             raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         try:
             pos = self.offset
-            end = self.offset + self.size
-            while pos < end:
-                want = min(chunk_size, end - pos)
-                data = await asyncio.to_thread(os.pread, fd, want, pos)
-                if not data:
+            while True:
+                if pos < end and not data:
                     raise SpoolError(f"{self.path}: content ends early at offset {pos}")
                 pos += len(data)
-                yield data
+                if data:
+                    yield data
+                if pos >= end:
+                    return
+                data = await asyncio.to_thread(os.pread, fd, min(chunk_size, end - pos), pos)
         finally:
             os.close(fd)
 
@@ -60,6 +68,15 @@ class QueueFileContent:
         if len(data) != self.size:
             raise SpoolError(f"{self.path}: content ends early")
         return data
+
+
+def _open_and_read(path: Path, want: int, offset: int) -> tuple[int, bytes]:
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        return fd, os.pread(fd, want, offset) if want > 0 else b""
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_content(path: Path) -> bytes:

@@ -324,3 +324,28 @@ def test_update_params_applies_to_live_queues() -> None:
     assert e.queue.window.window == 2
     sim.sched.entry_done(e, now=sim.now)
     assert len(sim.run_serial()) == 3
+
+
+def test_back_to_back_survives_a_queue_going_idle_for_under_a_second() -> None:
+    """A destination queue deleted when idle and re-created within 1 s keeps b2b caching.
+
+    Postfix would forget ``last_done`` with the queue, so a trickle of single-recipient mail
+    never turns caching on (qmgrd difference, measured with bench/throughput.py).
+    """
+    sim = Sim({"smtp": TransportParams()})
+    t0 = sim.now
+    sim.add("1", [("smtp", "a")])
+    e1 = sim.sched.select(t0)
+    assert e1 is not None and not e1.cache_store
+    sim.sched.entry_done(e1, now=t0)
+    assert sim.sched.find_transport("smtp") is not None
+    assert "a" not in sim.sched.find_transport("smtp").queues  # type: ignore[union-attr]
+    sim.now = t0 + 0.5
+    sim.add("2", [("smtp", "a")])
+    e2 = sim.sched.select(t0 + 0.5)
+    assert e2 is not None and e2.cache_load and e2.cache_store
+    sim.sched.entry_done(e2, now=t0 + 0.5)
+    sim.now = t0 + 5.0
+    sim.add("3", [("smtp", "a")])
+    e3 = sim.sched.select(t0 + 5.0)
+    assert e3 is not None and not e3.cache_load and not e3.cache_store
