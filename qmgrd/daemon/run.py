@@ -83,7 +83,7 @@ async def serve(
             engine_ready(engine)
         stop_wait = asyncio.ensure_future((stop or asyncio.Event()).wait())
         reloader = asyncio.ensure_future(
-            _reload_on_hup(engine, cfg, hup or asyncio.Event(), notifier)
+            _reload_on_hup(engine, listener, cfg, hup or asyncio.Event(), notifier)
         )
         try:
             done, _ = await asyncio.wait(
@@ -115,7 +115,11 @@ async def _close_listener(listener: ListenerHandle) -> None:
 
 
 async def _reload_on_hup(
-    engine: Engine, cfg: Config, hup: asyncio.Event, notifier: Notifier
+    engine: Engine,
+    listener: ListenerHandle,
+    cfg: Config,
+    hup: asyncio.Event,
+    notifier: Notifier,
 ) -> None:
     """On each SIGHUP: reopen the log file (rotation) and apply the new configuration.
 
@@ -126,7 +130,12 @@ async def _reload_on_hup(
         hup.clear()
         notifier.reloading()
         reopen_logs()
-        reload_engine(engine, cfg.config_dir)
+        new_cfg = reload_engine(engine, cfg.config_dir)
+        if new_cfg is not None:
+            try:
+                listener.update(ListenerSettings.from_config(new_cfg))
+            except (ConfigError, ValueError) as exc:
+                get_logger("master").error(f"listener settings not reloaded: {exc}")
         notifier.ready(status="accepting mail")
 
 

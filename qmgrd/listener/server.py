@@ -16,17 +16,31 @@ from qmgrd.spool import GroupCommitter, Spool
 class ListenerHandle:
     """The running listener: its sockets, live sessions and group committer."""
 
-    __slots__ = ("committer", "servers", "sessions")
+    __slots__ = ("committer", "servers", "sessions", "settings")
 
     def __init__(
         self,
         servers: list[asyncio.Server],
         sessions: set[SMTPSession],
         committer: GroupCommitter,
+        settings: ListenerSettings,
     ) -> None:
         self.servers = servers
         self.sessions = sessions
         self.committer = committer
+        self.settings = settings
+
+    def update(self, settings: ListenerSettings) -> None:
+        """Reload: new sessions use ``settings`` (mynetworks, limits, timeouts, AUTH).
+
+        Sessions in progress keep the settings they started with. The listen
+        addresses are bound once; a changed ``smtpd_listen`` needs a restart.
+        """
+        if settings.listen != self.settings.listen:
+            get_logger("smtpd").warning(
+                "smtpd_listen changed; restart qmgrd to listen on the new addresses"
+            )
+        self.settings = settings
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -75,11 +89,12 @@ async def start_listener(
     loop = asyncio.get_running_loop()
     committer = committer or GroupCommitter(spool)
     sessions: set[SMTPSession] = set()
+    servers: list[asyncio.Server] = []
+    handle = ListenerHandle(servers, sessions, committer, settings)
 
     def factory() -> SMTPSession:
-        return SMTPSession(settings, committer, on_commit, sessions, clock=clock, loop=loop)
+        return SMTPSession(handle.settings, committer, on_commit, sessions, clock=clock, loop=loop)
 
-    servers: list[asyncio.Server] = []
     try:
         for host, port in settings.listen:
             servers.append(await loop.create_server(factory, host, port))
@@ -87,7 +102,6 @@ async def start_listener(
         for server in servers:
             server.close()
         raise ConfigError(f"smtpd_listen: cannot listen on {host}:{port}: {exc.strerror}") from exc
-    handle = ListenerHandle(servers, sessions, committer)
     get_logger("smtpd").info(
         "listening", addresses=" ".join(f"{h}:{p}" for h, p in handle.addresses)
     )
