@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SINKPROC = REPO / "tests" / "integration" / "sinkproc.py"
