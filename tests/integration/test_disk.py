@@ -34,12 +34,12 @@ _FAULTY = ("write", "writev", "pwrite", "fsync", "rename", "link")
 
 
 class DiskFaults:
-    """While ``full`` is set, the spool's writing ``os`` calls fail with ENOSPC."""
+    """While ``full`` is set, the spool's writing ``os`` calls (or just ``names``) fail."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...] = _FAULTY) -> None:
         self.full = False
         self.failures = 0
-        for name in _FAULTY:
+        for name in names:
             monkeypatch.setattr(os, name, self._wrap(getattr(os, name)))
 
     def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -159,6 +159,31 @@ async def test_injected_enospc_gives_451_keeps_files_and_recovers(
     # The first message was sent twice (its done mark was lost), the second once.
     assert _received(sink) == ["a@dst.test", "a@dst.test", "b@dst.test"]
     assert not any(e.get("code", "").startswith("250") for e in logs)
+
+
+async def test_failed_move_to_active_is_retried_by_an_incoming_rescan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message whose move from incoming/ to active/ fails stays in incoming/ and is picked
+    up again after retry_delay (incoming/ is otherwise scanned only at start)."""
+    faults = DiskFaults(monkeypatch, names=("rename",))  # commit links, the engine renames
+    clock = FakeClock(time.time())
+    async with smtp_sink() as sink:
+        conf = write_config(tmp_path, main=f"relayhost = {sink.nexthop}\n")
+        with capture_logs() as logs:
+            async with running_daemon(conf, clock=clock) as d:
+                faults.full = True
+                qid = d.enqueue("s@src.test", ["r@dst.test"])
+                await until(
+                    lambda: any(e["event"].startswith("cannot move message") for e in logs),
+                    "the failed move",
+                )
+                assert d.queue_ids("incoming") == [qid]
+                faults.full = False
+                await _settle(d, clock, 5.0)
+                await d.wait_idle()
+                assert _spool_files(d)["incoming"] == [] and _spool_files(d)["active"] == []
+    assert _received(sink) == ["r@dst.test"]
 
 
 @pytest.fixture
