@@ -11,7 +11,13 @@ Replies follow Postfix's smtpd: clients outside ``mynetworks`` get ``554 5.7.1
 <rcpt>: Relay access denied`` at RCPT; ``message_size_limit`` → ``552 5.3.4``;
 more than ``smtpd_recipient_limit`` recipients → ``452 4.5.3``; bad recipient
 syntax → ``501 5.1.3`` (sender: ``501 5.1.7``); a spool failure → ``451 4.3.0``;
-success → ``250 2.0.0 Ok: queued as ID`` after the durable commit.
+success → ``250 2.0.0 Ok: queued as ID`` after the durable commit; a spool
+file system too full for the message → ``452 4.3.1`` at MAIL.
+
+SMTP AUTH (``smtpd_sasl_auth_enable``, ``smtpd_sasl_password_file``): PLAIN and
+LOGIN, offered only to loopback clients (no TLS yet); an authenticated client
+may relay from outside ``mynetworks``. See ``qmgrd.listener.auth`` for the
+password file format and ``python -m qmgrd.listener.auth hash USER``.
 """
 
 from qmgrd.listener.server import ListenerHandle, start_listener
