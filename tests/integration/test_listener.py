@@ -90,8 +90,9 @@ async def test_smtplib_message_lands_with_exact_envelope_and_bytes(server: Serve
         with smtplib.SMTP("127.0.0.1", server.port, timeout=TIMEOUT) as client:
             client.ehlo("client.test")
             assert client.has_extn("dsn") and client.has_extn("smtputf8")
-            client.mail("s\u00e9nder@example.com", ["SMTPUTF8", "BODY=8BITMIME", "RET=HDRS",
-                                                    "ENVID=Ab+2Bc"])
+            client.mail(
+                "s\u00e9nder@example.com", ["SMTPUTF8", "BODY=8BITMIME", "RET=HDRS", "ENVID=Ab+2Bc"]
+            )
             client.rcpt("a@example.com", ["NOTIFY=SUCCESS,DELAY", "ORCPT=rfc822;A@Example.com"])
             client.rcpt("b@\u00fcber.example", ["NOTIFY=NEVER"])
             code, reply = client.data(body)
@@ -160,10 +161,23 @@ async def test_pipelined_transactions_empty_message_and_dot_lines(server: Server
         ],
     )
     codes = [r[:3] for r in replies if not r.startswith("250-")]
-    assert codes == ["220", "250", "250", "250", "354", "250", "250", "250", "354", "250",
-                     "250", "221"]
-    contents = sorted(read_content(server.spool.path("incoming", i))
-                      for i in server.spool.list_ids("incoming"))
+    assert codes == [
+        "220",
+        "250",
+        "250",
+        "250",
+        "354",
+        "250",
+        "250",
+        "250",
+        "354",
+        "250",
+        "250",
+        "221",
+    ]
+    contents = sorted(
+        read_content(server.spool.path("incoming", i)) for i in server.spool.list_ids("incoming")
+    )
     assert contents == [b"", b".\r\n..a\r\n"]
 
 
@@ -176,8 +190,10 @@ async def test_pipelined_transactions_empty_message_and_dot_lines(server: Server
         ([b"MAIL FROM:<s@x.example>\r\n", b"RCPT TO:<>\r\n"], "501 5.1.3"),
         ([b"MAIL FROM:<@>\r\n"], "501 5.1.7"),
         ([b"MAIL FROM:<s@x.example> FOO=BAR\r\n"], "555 5.5.4"),
-        ([b"MAIL FROM:<s@x.example>\r\n", b"RCPT TO:<r@x.example> NOTIFY=NEVER,DELAY\r\n"],
-         "501 5.5.4"),
+        (
+            [b"MAIL FROM:<s@x.example>\r\n", b"RCPT TO:<r@x.example> NOTIFY=NEVER,DELAY\r\n"],
+            "501 5.5.4",
+        ),
         ([b"MAIL FROM:<s\xc3\xa9@x.example>\r\n"], "553 5.6.7"),
         ([b"RCPT TO:<r@x.example>\r\n"], "503 5.5.1"),
     ],
@@ -198,7 +214,9 @@ async def test_too_many_recipients(server: Server) -> None:
     )
     assert [r for r in replies if r.startswith("452")] == ["452 4.5.3 Error: too many recipients"]
     assert [r.address for r in server.only_file().read_all_recipients()] == [
-        "r0@x.example", "r1@x.example", "r2@x.example"
+        "r0@x.example",
+        "r1@x.example",
+        "r2@x.example",
     ]
 
 
@@ -207,10 +225,14 @@ async def test_oversize_message_is_refused_and_the_session_continues(server: Ser
     big = b"y" * 999 + b"\r\n"
     replies = await _dialogue(
         server.port,
-        [b"EHLO c\r\nMAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n",
-         big * 200, b".\r\n",
-         b"MAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n", b"small\r\n.\r\n",
-         b"QUIT\r\n"],
+        [
+            b"EHLO c\r\nMAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n",
+            big * 200,
+            b".\r\n",
+            b"MAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n",
+            b"small\r\n.\r\n",
+            b"QUIT\r\n",
+        ],
     )
     assert "552 5.3.4 Message size exceeds fixed limit" in replies
     assert read_content(server.only_file().path) == b"small\r\n"
@@ -220,8 +242,10 @@ async def test_spool_failure_gives_451_and_the_daemon_keeps_serving(server: Serv
     """With incoming/ unusable the client gets 451 4.3.0 and no file; later clients succeed."""
     incoming = server.spool.root / "incoming"
     incoming.rmdir()
-    message = [b"EHLO c\r\nMAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n",
-               b"hello\r\n.\r\nQUIT\r\n"]
+    message = [
+        b"EHLO c\r\nMAIL FROM:<s@x.example>\r\nRCPT TO:<r@x.example>\r\nDATA\r\n",
+        b"hello\r\n.\r\nQUIT\r\n",
+    ]
     replies = await _dialogue(server.port, message)
     assert "451 4.3.0 Error: queue file write error" in replies
     incoming.mkdir()
@@ -237,27 +261,42 @@ async def test_many_concurrent_clients(server: Server) -> None:
 
     async def one(i: int) -> None:
         await aiosmtplib.send(
-            b"Subject: %d\r\n\r\nbody\r\n" % i, sender=f"s{i}@x.example",
-            recipients=["r@x.example"], hostname="127.0.0.1", port=server.port, timeout=TIMEOUT,
+            b"Subject: %d\r\n\r\nbody\r\n" % i,
+            sender=f"s{i}@x.example",
+            recipients=["r@x.example"],
+            hostname="127.0.0.1",
+            port=server.port,
+            timeout=TIMEOUT,
         )
 
     await asyncio.gather(*(one(i) for i in range(20)))
-    senders = sorted(server.spool.open("incoming", q).sender
-                     for q in server.spool.list_ids("incoming"))
+    senders = sorted(
+        server.spool.open("incoming", q).sender for q in server.spool.list_ids("incoming")
+    )
     assert senders == sorted(f"s{i}@x.example" for i in range(20))
 
 
 async def test_ipv6_listener_and_unlimited_size(tmp_path: Path) -> None:
     """The listener binds ::1 too, and message_size_limit = 0 means no limit."""
-    settings = replace(SETTINGS, listen=(("::1", 0),), message_size_limit=0,
-                       mynetworks=(ipaddress.ip_network("::1/128"),))
+    settings = replace(
+        SETTINGS,
+        listen=(("::1", 0),),
+        message_size_limit=0,
+        mynetworks=(ipaddress.ip_network("::1/128"),),
+    )
     try:
         srv = await _start(tmp_path, settings)
     except Exception:  # pragma: no cover - host without IPv6
         pytest.skip("no IPv6 loopback")
     try:
-        await aiosmtplib.send(b"z" * 300_000, sender="s@x.example", recipients=["r@x.example"],
-                              hostname="::1", port=srv.port, timeout=TIMEOUT)
+        await aiosmtplib.send(
+            b"z" * 300_000,
+            sender="s@x.example",
+            recipients=["r@x.example"],
+            hostname="::1",
+            port=srv.port,
+            timeout=TIMEOUT,
+        )
         assert srv.only_file().content_size == 300_002  # the client ends it with CRLF
     finally:
         await asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT)
