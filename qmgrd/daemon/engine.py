@@ -254,7 +254,7 @@ class Engine:
         """Startup: drop dead writers' temporaries, move ``active/`` back to ``incoming/``."""
         now = self.clock.now()
 
-        def work() -> tuple[int, list[str]]:
+        def work() -> tuple[int, list[str], int]:
             self.spool.ensure_dirs()
             temps = self.spool.remove_temp_files()
             self.spool.sweep_foreign()  # symlinks, FIFOs, stray names -> corrupt/ (logged)
@@ -265,13 +265,27 @@ class Engine:
                     moved.append(queue_id)
                 except FileNotFoundError:
                     continue
-            return temps, moved
+            return temps, moved, self._remove_orphan_reasons()
 
-        temps, moved = await self.io.submit(work)
+        temps, moved, orphans = await self.io.submit(work)
         if temps:
             self.log.info("removed unfinished queue files of an earlier run", count=temps)
+        if orphans:
+            self.log.info("removed reason logs of messages no longer queued", count=orphans)
         if moved:
             self.log.info("recovered messages from the active queue", count=len(moved))
+
+    def _remove_orphan_reasons(self) -> int:
+        """Delete defer/bounce logs whose message is gone (a crash between the two unlinks)."""
+        live: set[str] = set()
+        for queue in ("incoming", "active", "deferred", "hold", "corrupt"):
+            live.update(self.spool.list_ids(queue))
+        removed = 0
+        for kind in ("defer", "bounce"):
+            for queue_id in self.spool.list_ids(kind):
+                if queue_id not in live and self.spool.remove_reasons(kind, queue_id):
+                    removed += 1
+        return removed
 
     async def run(self) -> None:
         """The engine's loop; returns after :meth:`stop` once in-flight work is settled."""

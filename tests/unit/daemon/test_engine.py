@@ -312,3 +312,19 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
     await _stop(engine2, task2)
     assert [r for r in agent2.requests if r.sender == ""] == []
     assert spool2.list_ids("deferred") == [] and spool2.list_ids("incoming") == []
+
+
+async def test_startup_removes_reason_logs_of_vanished_messages(tmp_path: Path) -> None:
+    """A defer log left behind by a crash after its message was removed is deleted at start."""
+    agent = FakeAgent()
+    engine, spool, clock = _engine(tmp_path, agent)
+    kept = _submit(spool, clock, "s@src.test", ["x@a.test"])
+    spool.move(kept, "incoming", "hold")
+    from qmgrd.spool import ReasonRecord
+
+    record = ReasonRecord("x@a.test", "4.4.1", "delayed", "refused", clock.now())
+    spool.append_reasons("defer", kept, [record])
+    spool.append_reasons("defer", "1K0S000000000AA", [record])
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    assert spool.list_ids("defer") == [kept]
