@@ -193,6 +193,7 @@ class Engine:
         self._pending_ops: dict[str, str] = {}  # ops for messages being loaded
         self._started_at = clock.now()
         self._passes = 0
+        self._started = asyncio.Event()
         self._pass_cond = asyncio.Condition()
         # File work that failed (disk full, I/O error) is retried after retry_delay:
         # finishes of messages left in active/, and a rescan of incoming/ for messages
@@ -238,6 +239,14 @@ class Engine:
             and not self._finish_retries
             and not self._incoming_rescan_due
         )
+
+    async def wait_started(self) -> None:
+        """Wait until startup recovery is over: only then may new mail be accepted.
+
+        Recovery removes the temporary files of writers that died; a listener
+        started earlier could have a live commit's temporary file removed.
+        """
+        await self._started.wait()
 
     async def wait_idle(self) -> None:
         """Wait until a pass that began after this call ends with nothing in core or pending."""
@@ -289,8 +298,11 @@ class Engine:
 
     async def run(self) -> None:
         """The engine's loop; returns after :meth:`stop` once in-flight work is settled."""
-        await self.recover()
-        await self._scan_incoming()
+        try:
+            await self.recover()
+            await self._scan_incoming()
+        finally:
+            self._started.set()
         try:
             while not self._stopping:
                 self._kick.clear()

@@ -60,6 +60,7 @@ async def serve(
         stack.push_async_callback(_stop_engine, engine, engine_task)
         control = await start_control_server(control_socket_path(spool.root), engine, spool)
         stack.push_async_callback(_close_control, control)
+        await _started(engine, engine_task)
         for host, port in cfg.get_hostports("metrics_listen"):
             try:
                 server = await start_metrics_server(host, port, metrics)
@@ -96,6 +97,15 @@ async def serve(
             notifier.stopping()
         if engine_task in done:
             engine_task.result()  # an engine crash is fatal: surface it
+
+
+async def _started(engine: Engine, task: asyncio.Task[None]) -> None:
+    """Wait for the engine's startup recovery (or its failure, which is then raised)."""
+    started = asyncio.ensure_future(engine.wait_started())
+    await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.done():
+        started.cancel()
+        task.result()
 
 
 async def _stop_engine(engine: Engine, task: asyncio.Task[None]) -> None:

@@ -224,6 +224,7 @@ async def start_daemon(
     clock = clock or SystemClock()
     engine = create_engine(cfg, spool=spool, clock=clock, agents=agents)
     task = asyncio.get_running_loop().create_task(engine.run())
+    await engine.wait_started()  # recovery removes dead writers' temporaries: finish it first
     listener = None
     if listen:
         try:
