@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="ID",
             help="queue ids, ALL for every message, or - to read ids from standard input",
         )
+    p = sub.add_parser(
+        "saslpasswd",
+        help="print a USER:HASH line for smtpd_sasl_password_file (asks for the password)",
+    )
+    p.add_argument("user")
+    p.add_argument("--scheme", choices=("pbkdf2-sha256", "scrypt"), default="pbkdf2-sha256")
+    p.add_argument("--stdin", action="store_true", help="read the password from standard input")
     return parser
 
 
@@ -202,6 +209,11 @@ def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
         if args.command == "scan":
             return scan_command(queue_directory)
         return status_command(queue_directory, as_json=args.json, out=sys.stdout)
+    if args.command == "saslpasswd":
+        from qmgrd.listener.auth import main as auth_main
+
+        argv = ["hash", args.user, "--scheme", args.scheme] + (["--stdin"] if args.stdin else [])
+        return auth_main(argv)
     if args.command in ("hold", "release", "delete", "requeue"):
         from qmgrd.ops.postsuper import operate_command
 
