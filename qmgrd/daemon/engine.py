@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -186,7 +185,6 @@ class Engine:
         self._prefer_incoming = True
         self._deferred_scan_due = 0.0
         self._deferred_scan_running = False
-        self._deferred_scan_again = False
         self._flush_next_scan = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._deliveries: set[asyncio.Task[Any]] = set()
@@ -1259,14 +1257,3 @@ def _delays(
     before = msg.queued_time - msg.qf.arrival_time
     in_active = started - msg.queued_time
     return "/".join(_fmt(x) for x in (before, in_active, conn_setup, transmission))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (used by the pid lock)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
