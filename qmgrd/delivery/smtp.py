@@ -97,6 +97,18 @@ def xtext(value: str) -> str:
     return "".join(ch if _SAFE_XTEXT.fullmatch(ch) else f"+{ord(ch):02X}" for ch in value)
 
 
+_XTEXT = re.compile(r"(?:[!-*,-<>-~]|\+[0-9A-F]{2})*")
+
+
+def dsn_param(value: str) -> str:
+    """A DSN parameter value for the wire: kept as is when it already is xtext.
+
+    The listener stores ENVID and ORCPT exactly as the client sent them (validated
+    xtext), so encoding them again would turn "+2B" into "+2B2B".
+    """
+    return value if _XTEXT.fullmatch(value) else xtext(value)
+
+
 @dataclass(frozen=True, slots=True)
 class _Failure:
     """Why a recipient is not delivered (yet)."""
@@ -621,7 +633,7 @@ class SmtpAgent:
         if dsn_ext and req.ret:
             options.append(f"RET={req.ret}".encode())
         if dsn_ext and req.envid:
-            options.append(f"ENVID={xtext(req.envid)}".encode())
+            options.append(f"ENVID={dsn_param(req.envid)}".encode())
         encoding = "utf-8" if req.smtputf8 else "ascii"
 
         response = await self._command(
@@ -646,7 +658,7 @@ class SmtpAgent:
                 rcpt_options.append(("NOTIFY=" + ",".join(sorted(rcpt.notify))).encode())
             if dsn_ext and rcpt.orcpt:
                 addr_type, _, addr = rcpt.orcpt.partition(";")
-                rcpt_options.append(f"ORCPT={addr_type};{xtext(addr)}".encode())
+                rcpt_options.append(f"ORCPT={addr_type};{dsn_param(addr)}".encode())
             response = await self._command(
                 session,
                 "sending RCPT TO",

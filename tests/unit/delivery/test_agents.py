@@ -153,3 +153,12 @@ def test_reply_dsn() -> None:
 def test_xtext() -> None:
     """DSN parameter values are xtext-encoded (RFC 3461): '+', '=' and controls become +HH."""
     assert xtext("a+b=c d") == "a+2Bb+3Dc+20d"
+
+
+def test_dsn_param_keeps_stored_xtext_and_encodes_raw_text() -> None:
+    """ENVID/ORCPT stored as received xtext go out unchanged; raw text is xtext-encoded once."""
+    from qmgrd.delivery.smtp import dsn_param
+
+    assert dsn_param("Ab+2Bc") == "Ab+2Bc"
+    assert dsn_param("a@example.com") == "a@example.com"
+    assert dsn_param("a+b=c d") == "a+2Bb+3Dc+20d"
