@@ -15,10 +15,8 @@ from qmgrd.config import Config
 from qmgrd.core.feedback import parse_feedback
 from qmgrd.core.params import SchedulerParams, TransportParams
 from qmgrd.core.resolve import ResolverSettings, TransportTable
+from qmgrd.delivery.factory import AGENT_COMMANDS, agent_name
 from qmgrd.errors import ConfigError
-
-# Commands of master.cf services that deliver mail (everything else, e.g. qmgr, is ignored).
-DELIVERY_COMMANDS = frozenset({"smtp", "relay", "discard", "error", "retry"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +157,7 @@ def delivery_services(cfg: Config) -> Mapping[str, str]:
     """master.cf delivery services: transport name → agent command."""
     out: dict[str, str] = {}
     for name, entry in cfg.master.items():
-        command = entry.command.split()[0] if entry.command.strip() else ""
-        if command in DELIVERY_COMMANDS:
+        command = agent_name(entry.command)
+        if command in AGENT_COMMANDS:  # other services (qmgr, pickup, ...) deliver nothing
             out[name] = command
     return out

@@ -19,12 +19,18 @@ from qmgrd.errors import ConfigError
 AGENT_COMMANDS = frozenset({"smtp", "relay", "discard", "error", "retry"})
 
 
+def agent_name(command: str) -> str:
+    """The agent a master.cf command names: its first word ("" for an empty command)."""
+    words = command.split()
+    return words[0] if words else ""
+
+
 def create_agent(
     command: str, settings: SmtpSettings | None = None, *, rng: random.Random | None = None
 ) -> Agent:
     """A new agent for a master.cf ``command``; ``settings`` default to Postfix's."""
     settings = settings or SmtpSettings()
-    name = command.strip().split()[0] if command.strip() else ""
+    name = agent_name(command)
     if name in ("smtp", "relay"):
         return SmtpAgent(settings, rng=rng)
     if name == "discard":
