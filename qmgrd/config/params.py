@@ -578,6 +578,15 @@ _TABLE: tuple[Param, ...] = (
         check=Check.HOSTPORT,
         qmgrd_only=True,
     ),
+    # --- lookup tables (qmgrd.tables) ---
+    Param(
+        "parent_domain_matches_subdomains",
+        _L,
+        "debug_peer_list,fast_flush_domains,mynetworks,permit_mx_backup_networks,"
+        "qmqpd_authorized_clients,relay_domains,smtpd_access_maps",
+        "features (of those qmgrd has: transport_maps) where 'example.com' also matches "
+        "its subdomains, not only '.example.com'",
+    ),
 )
 
 PARAMS: Mapping[str, Param] = MappingProxyType({p.name: p for p in _TABLE})

@@ -2,10 +2,10 @@
 
 Contract
 --------
-``TransportTable.from_specs(specs)`` parses ``transport_maps`` tables once (``inline:{...}`` or
-``texthash:/path`` with the file's text supplied by the caller: core never reads files) and raises
-``ValueError`` naming the table and line for malformed input; the config layer turns that into a
-``ConfigError``. ``Resolver(settings).resolve(address)`` never raises for a bad address: bad input
+``TransportTable(find)`` wraps the ``transport_maps`` search, which the caller builds outside the
+core (``qmgrd.daemon.settings`` opens the tables with ``qmgrd.tables`` and passes
+``find(address, recipient_delimiter) -> value | None``; core never reads files).
+``Resolver(settings).resolve(address)`` never raises for a bad address: bad input
 becomes a route to the ``error`` transport, just as Postfix's trivial-rewrite does, because a
 recipient problem is a delivery result, not an exception. ``queue_name`` gives the key of the
 destination queue a resolved recipient joins.
@@ -14,10 +14,10 @@ Routing rules, in order of precedence (transport(5), postconf(5) ``default_trans
 
 1. Null address -> ``error`` "5.1.3 null recipient address"; unparsable address -> ``error``
    "5.1.3 bad address syntax".
-2. ``transport_maps`` lookup: ``user+ext@domain``, ``user@domain`` (when a recipient delimiter is
-   set), ``domain``, then ``.parent`` domains from the closest up (``.example.com`` matches every
-   subdomain of example.com, never example.com itself), then ``*``. The first key found in any
-   table wins; within one key, tables are searched in order. Keys are case-insensitive.
+2. ``transport_maps`` lookup (done by ``find``, transport(5)): ``user+ext@domain``, ``user@domain``
+   (when a recipient delimiter is set), ``domain``, then ``.parent`` domains from the closest up
+   (``.example.com`` matches every subdomain of example.com, never example.com itself), then
+   ``*``. The first key found in any table wins; within one key, tables are searched in order.
 3. A table value ``transport:nexthop`` may leave either part empty: an empty transport means the
    default route's transport, an empty nexthop means the default route's nexthop.
 4. The default route: ``default_transport`` (``transport[:nexthop]``); its nexthop if it has one,
@@ -31,9 +31,8 @@ Routing rules, in order of precedence (transport(5), postconf(5) ``default_trans
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable
+from dataclasses import dataclass
 
 __all__ = [
     "EMPTY",
@@ -42,6 +41,7 @@ __all__ = [
     "Resolved",
     "Resolver",
     "ResolverSettings",
+    "TransportFind",
     "TransportTable",
     "queue_name",
 ]
@@ -76,84 +76,21 @@ class Resolved:
     address: str
 
 
+TransportFind = Callable[[str, str], str | None]
+"""``find(address, recipient_delimiter)``: the ``transport_maps`` value for a recipient, or None."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class TransportTable:
-    """One or more parsed ``transport_maps`` tables, merged in lookup order.
+    """The ``transport_maps`` search, built outside the core; None matches nothing."""
 
-    Merging keeps the first table's value for a key, which is exactly what searching the tables in
-    order for each key gives (Postfix ``maps_find``), at one dict lookup per key.
-    """
-
-    entries: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    warnings: tuple[str, ...] = ()
-
-    @classmethod
-    def from_specs(cls, specs: Sequence[tuple[str, str]]) -> TransportTable:
-        """Parse ``(spec, text)`` pairs in lookup order.
-
-        ``spec`` is ``inline:{ key=value, ... }`` (``text`` ignored) or ``texthash:/path`` with
-        ``text`` holding that file's contents. Duplicate keys keep the first value and add a
-        warning (Postfix's default for texthash). Malformed input raises ValueError naming the
-        table and line.
-        """
-        merged: dict[str, str] = {}
-        warnings: list[str] = []
-        for spec, text in specs:
-            kind, sep, _rest = spec.partition(":")
-            if not sep:
-                raise ValueError(f"transport_maps: {spec!r}: expected type:name")
-            if kind == "inline":
-                pairs = _parse_inline(spec)
-            elif kind == "texthash":
-                pairs = _parse_texthash(spec, text)
-            else:
-                raise ValueError(
-                    f"transport_maps: {spec!r}: unsupported table type {kind!r} "
-                    "(use inline or texthash)"
-                )
-            seen: set[str] = set()
-            for where, key, value in pairs:
-                if key in seen:
-                    warnings.append(f"{where}: duplicate entry {key!r} ignored")
-                    continue
-                seen.add(key)
-                merged.setdefault(key, value)
-        return cls(MappingProxyType(merged), tuple(warnings))
+    find: TransportFind | None = None
 
     def lookup(self, address: str, *, recipient_delimiter: str = "") -> str | None:
         """Return the table value for a recipient address, or None (rules in the module doc)."""
-        if not self.entries:
+        if self.find is None:
             return None
-        at = address.rfind("@")
-        if at > 0:
-            local, domain = address[:at].lower(), address[at + 1 :].lower().rstrip(".")
-            found = self.entries.get(f"{local}@{domain}")
-            if found is not None:
-                return found
-            bare = _strip_extension(local, recipient_delimiter)
-            if bare != local:
-                found = self.entries.get(f"{bare}@{domain}")
-                if found is not None:
-                    return found
-            found = self._find_domain(domain)
-            if found is not None:
-                return found
-        return self.entries.get("*")
-
-    def _find_domain(self, domain: str) -> str | None:
-        """Exact domain first, then ``.parent`` keys from the closest parent up."""
-        if not domain:
-            return None
-        found = self.entries.get(domain)
-        if found is not None or domain.startswith("["):
-            return found  # an address literal has no parent domains
-        dot = domain.find(".", 1)
-        while dot >= 0:
-            found = self.entries.get(domain[dot:])
-            if found is not None:
-                return found
-            dot = domain.find(".", dot + 1)
-        return None
+        return self.find(address, recipient_delimiter)
 
 
 EMPTY = TransportTable()
@@ -292,86 +229,3 @@ def _dsn_text(transport: str, text: str) -> str:
     if _DSN_STATUS_RE.match(text):
         return text
     return f"{status} {text}"
-
-
-def _parse_inline(spec: str) -> list[tuple[str, str, str]]:
-    """Parse ``inline:{ key=value, { key = text, with commas }, ... }`` into (where, key, value).
-
-    As Postfix: elements are separated by commas or whitespace; an element wrapped in ``{}`` may
-    contain both, and whitespace around its ``=`` is ignored.
-    """
-    body = spec[len("inline:") :].strip()
-    if not (body.startswith("{") and body.endswith("}")):
-        raise ValueError(f"transport_maps: {spec!r}: expected inline:{{ key=value, ... }}")
-    tokens = _split_braced(spec, body[1:-1])
-    pairs: list[tuple[str, str, str]] = []
-    for index, token in enumerate(tokens, start=1):
-        where = f"{spec}: element {index}"
-        if token.startswith("{"):
-            token = token[1:-1].strip()
-        key, sep, value = token.partition("=")
-        key, value = key.strip(), value.strip()
-        if not sep or not key:
-            raise ValueError(f"transport_maps: {where}: expected key=value, got {token!r}")
-        pairs.append((where, key.lower(), value))
-    return pairs
-
-
-def _split_braced(spec: str, body: str) -> list[str]:
-    """Split on commas and whitespace outside braces; a braced token keeps its braces."""
-    tokens: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for ch in body:
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"transport_maps: {spec!r}: unbalanced '}}'")
-        if depth == 0 and (ch == "," or ch.isspace()):
-            if current:
-                tokens.append("".join(current))
-                current = []
-            continue
-        current.append(ch)
-    if depth != 0:
-        raise ValueError(f"transport_maps: {spec!r}: unbalanced '{{'")
-    if current:
-        tokens.append("".join(current))
-    return tokens
-
-
-def _parse_texthash(spec: str, text: str) -> list[tuple[str, str, str]]:
-    """Parse ``key value`` lines as Postfix's texthash (postmap input format).
-
-    Blank lines and lines whose first non-blank character is ``#`` are ignored; a line starting
-    with whitespace continues the previous logical line. Each logical line is reported by the
-    number of its first physical line.
-    """
-    path = spec[len("texthash:") :]
-    logical: list[tuple[int, str]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if line[0].isspace():
-            if not logical:
-                raise ValueError(
-                    f"transport_maps: {path}, line {number}: "
-                    "continuation line without a preceding entry"
-                )
-            start, previous = logical[-1]
-            logical[-1] = (start, f"{previous} {stripped}")
-            continue
-        logical.append((number, stripped))
-    pairs: list[tuple[str, str, str]] = []
-    for number, entry in logical:
-        parts = entry.split(None, 1)
-        if len(parts) != 2:
-            raise ValueError(
-                f"transport_maps: {path}, line {number}: expected 'key whitespace value', "
-                f"got {entry!r}"
-            )
-        pairs.append((f"{path}, line {number}", parts[0].lower(), parts[1].strip()))
-    return pairs

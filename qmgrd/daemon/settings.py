@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmgrd.config import Config
+from qmgrd.config.maps import transport_find
 from qmgrd.core.feedback import parse_feedback
 from qmgrd.core.params import SchedulerParams, TransportParams
 from qmgrd.core.resolve import ResolverSettings, TransportTable
 from qmgrd.delivery.factory import AGENT_COMMANDS, agent_name
-from qmgrd.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,36 +118,17 @@ def _transport_params(cfg: Config, name: str, warn: Callable[[str], None]) -> Tr
     )
 
 
-def resolver_settings(cfg: Config, read_file: Callable[[Path], str]) -> ResolverSettings:
-    """Routing settings; ``texthash:`` tables are read here (the core never reads files)."""
-    specs: list[tuple[str, str]] = []
-    for spec in cfg.get_list("transport_maps"):
-        kind, _sep, rest = spec.partition(":")
-        if kind == "texthash":
-            path = Path(rest)
-            if not path.is_absolute():
-                path = cfg.config_dir / path
-            try:
-                specs.append((f"texthash:{path}", read_file(path)))
-            except OSError as exc:
-                raise ConfigError(
-                    f"transport_maps: cannot read {path}: {exc.strerror or exc}"
-                ) from exc
-        elif kind == "inline":
-            specs.append((spec, ""))
-        else:
-            raise ConfigError(
-                f"transport_maps: unsupported table type {kind!r} in {spec!r} "
-                "(use inline:{ key=value, ... } or texthash:/path)"
-            )
-    try:
-        table = TransportTable.from_specs(specs)
-    except ValueError as exc:
-        raise ConfigError(f"transport_maps: {exc}") from exc
+def resolver_settings(
+    cfg: Config, read_file: Callable[[Path], str] | None = None
+) -> ResolverSettings:
+    """Routing settings; ``transport_maps`` tables are opened here (the core never reads files).
+
+    ``read_file`` is no longer used (the tables read and re-read their own files).
+    """
     return ResolverSettings(
         default_transport=cfg.get_str("default_transport"),
         relayhost=cfg.get_str("relayhost"),
-        transport_table=table,
+        transport_table=TransportTable(transport_find(cfg)),
         defer_transports=frozenset(cfg.get_list("defer_transports")),
         recipient_delimiter=cfg.get_str("recipient_delimiter"),
     )

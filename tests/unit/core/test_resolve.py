@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from qmgrd.core.resolve import (
@@ -12,80 +14,38 @@ from qmgrd.core.resolve import (
     TransportTable,
     queue_name,
 )
+from qmgrd.tables import Order, find_address, open_table
 
-TEXTHASH = """\
-# transport table for tests
-user@example.com      relay:[10.0.0.9]:2525
-example.com           smtp:mx.example.net
-.example.com          relay:
-  # a comment inside does not end the entry above
-Sub.Example.org       error:5.1.2
-    host not found
-.example.org          :[192.0.2.1]
-*                     smtp:fallback.example
-"""
+# The transport table the tests route with (the table types themselves are tested in
+# tests/unit/tables); the first table comes first in lookup order.
+SECOND = (
+    "inline:{ user@example.com=relay:[10.0.0.9]:2525, example.com=smtp:mx.example.net, "
+    ".example.com=relay:, { Sub.Example.org = error:5.1.2 host not found }, "
+    ".example.org=:[192.0.2.1], *=smtp:fallback.example }"
+)
 
 INLINE = "inline:{ a.example=discard:, {b.example = retry:4.4.1 try later}, user@example.com=x: }"
 
 
+def make_table(*specs: str, parents: bool = False) -> TransportTable:
+    """A core TransportTable over real lookup tables, searched as the daemon does."""
+    tables = [open_table(spec, base_dir=Path("/")) for spec in specs]
+
+    def find(address: str, delimiter: str) -> str | None:
+        return find_address(
+            tables,
+            address,
+            Order.TRANSPORT,
+            recipient_delimiter=delimiter,
+            parent_matches_subdomains=parents,
+        )
+
+    return TransportTable(find)
+
+
 def table() -> TransportTable:
     """The inline table first, then the texthash one (lookup order)."""
-    return TransportTable.from_specs([(INLINE, ""), ("texthash:/etc/qmgrd/transport", TEXTHASH)])
-
-
-def test_texthash_parsing() -> None:
-    """Texthash: key/value lines, # comments anywhere, continuation by leading whitespace,
-    keys folded to lower case."""
-    t = TransportTable.from_specs([("texthash:/t", TEXTHASH)])
-    assert dict(t.entries) == {
-        "user@example.com": "relay:[10.0.0.9]:2525",
-        "example.com": "smtp:mx.example.net",
-        ".example.com": "relay:",
-        "sub.example.org": "error:5.1.2 host not found",
-        ".example.org": ":[192.0.2.1]",
-        "*": "smtp:fallback.example",
-    }
-    assert t.warnings == ()
-
-
-def test_inline_parsing() -> None:
-    """Inline: comma/space separated key=value, braces protect spaces, '=' may be spaced."""
-    t = TransportTable.from_specs([(INLINE, "ignored")])
-    assert dict(t.entries) == {
-        "a.example": "discard:",
-        "b.example": "retry:4.4.1 try later",
-        "user@example.com": "x:",
-    }
-
-
-@pytest.mark.parametrize(
-    ("spec", "text", "message"),
-    [
-        ("texthash:/t", "example.com\n", "/t, line 1: expected 'key whitespace value'"),
-        ("texthash:/t", "# c\n\n  indented\n", "/t, line 3: continuation line"),
-        ("texthash:/t", "a b\nlonely\n", "/t, line 2"),
-        ("inline:{ a=b, c }", "", "element 2: expected key=value"),
-        ("inline:{ a=b", "", "expected inline:{"),
-        ("inline:{ {a=b }", "", "unbalanced"),
-        ("inline:{ a=b} }", "", "unbalanced"),
-        ("hash:/etc/transport", "", "unsupported table type 'hash'"),
-        ("transport", "", "expected type:name"),
-    ],
-)
-def test_malformed_tables_raise_value_error_naming_the_line(
-    spec: str, text: str, message: str
-) -> None:
-    """Malformed tables raise ValueError that names the table and the offending line."""
-    with pytest.raises(ValueError, match="transport_maps") as info:
-        TransportTable.from_specs([(spec, text)])
-    assert message in str(info.value)
-
-
-def test_duplicate_keys_keep_first_with_warning() -> None:
-    """A duplicate key in one table keeps the first value and adds a warning (as texthash)."""
-    t = TransportTable.from_specs([("texthash:/t", "a.example x:\nA.example y:\n")])
-    assert t.lookup("u@a.example") == "x:"
-    assert t.warnings == ("/t, line 2: duplicate entry 'a.example' ignored",)
+    return make_table(INLINE, SECOND)
 
 
 @pytest.mark.parametrize(
@@ -109,14 +69,14 @@ def test_lookup_order(address: str, expected: str) -> None:
 
 def test_key_precedence_beats_table_order() -> None:
     """A more specific key in a later table beats a wildcard in an earlier one."""
-    t = TransportTable.from_specs([("inline:{ *=a: }", ""), ("inline:{ x.test=b: }", "")])
+    t = make_table("inline:{ *=a: }", "inline:{ x.test=b: }")
     assert t.lookup("u@x.test") == "b:"
     assert t.lookup("u@y.test") == "a:"
 
 
 def test_lookup_strips_address_extension() -> None:
     """With a recipient delimiter, user+ext@domain falls back to user@domain before domain."""
-    t = TransportTable.from_specs([("inline:{ user@x.test=a:, x.test=b: }", "")])
+    t = make_table("inline:{ user@x.test=a:, x.test=b: }")
     assert t.lookup("user+tag@x.test", recipient_delimiter="+") == "a:"
     assert t.lookup("user+tag@x.test") == "b:"
     assert t.lookup("user-tag@x.test", recipient_delimiter="+-") == "a:"
@@ -168,7 +128,7 @@ def test_relayhost_and_default_transport_nexthop() -> None:
     r = Resolver(
         ResolverSettings(
             relayhost="[127.0.0.1]:2525",
-            transport_table=TransportTable.from_specs([("inline:{ x.test=smtp:[::1]:25 }", "")]),
+            transport_table=make_table("inline:{ x.test=smtp:[::1]:25 }"),
         )
     )
     assert r.resolve("u@x.test").nexthop == "[::1]:25"
@@ -183,7 +143,7 @@ def test_table_with_other_transport_and_empty_nexthop_uses_relayhost() -> None:
     settings = ResolverSettings(
         default_transport="smtp:[10.1.1.1]",
         relayhost="[127.0.0.1]",
-        transport_table=TransportTable.from_specs([("inline:{ x.test=relay:, y.test=: }", "")]),
+        transport_table=make_table("inline:{ x.test=relay:, y.test=: }"),
     )
     r = Resolver(settings)
     assert r.resolve("u@x.test") == Resolved("relay", "[127.0.0.1]", "u@x.test")
@@ -229,7 +189,7 @@ def test_quoted_local_part_with_at_sign_is_accepted() -> None:
 )
 def test_error_and_retry_keep_their_text(value: str, expected: tuple[str, str]) -> None:
     """error:/retry: values keep their text as the nexthop, with a default DSN code if absent."""
-    t = TransportTable.from_specs([("texthash:/t", f"x.test {value}\n")])
+    t = make_table(f"inline:{{ {{ x.test = {value} }} }}")
     r = Resolver(ResolverSettings(relayhost="[127.0.0.1]", transport_table=t))
     got = r.resolve("u@x.test")
     assert (got.transport, got.nexthop) == expected
