@@ -9,6 +9,7 @@ arguments, loads the configuration, and maps operator errors to exit codes:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,6 +20,9 @@ from qmgrd.errors import QmgrdError
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE
+
+VERSION = "0.1.0"
 
 DEFAULT_CONFIG_DIR = "/etc/qmgrd"
 
@@ -28,22 +32,72 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qmgrd", description="Mail delivery daemon with a Postfix-style queue manager."
     )
-    parser.add_argument(
-        "-c",
-        dest="config_dir",
-        default=None,
-        help=f"configuration directory with main.cf and master.cf (default {DEFAULT_CONFIG_DIR})",
-    )
+    parser.add_argument("--version", action="version", version=f"qmgrd {VERSION}")
+    _add_config_option(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     sub.add_parser("run", help="run the daemon in the foreground (what systemd starts)")
 
-    p = sub.add_parser("postconf", help="print configuration parameters")
+    p = sub.add_parser(
+        "postconf",
+        help="print or edit configuration parameters (postconf)",
+        add_help=False,
+        description="Print parameters as name = value (default: all, as written or default).",
+    )
+    p.add_argument("--help", action="help", help="show this help message and exit")
     g = p.add_mutually_exclusive_group()
     g.add_argument("-d", dest="defaults", action="store_true", help="print default values")
     g.add_argument("-n", dest="nondefault", action="store_true", help="only those set in main.cf")
-    p.add_argument("names", nargs="*", help="parameter names (default: all)")
+    g.add_argument(
+        "-e",
+        dest="edit",
+        action="store_true",
+        help="edit main.cf: set each name=value (validated first, written atomically)",
+    )
+    g.add_argument(
+        "-#",
+        dest="comment",
+        action="store_true",
+        help="edit main.cf: comment out the named parameters",
+    )
+    g.add_argument(
+        "-M",
+        dest="master",
+        action="store_true",
+        help="print master.cf entries (optionally only service or service/type)",
+    )
+    p.add_argument("-x", dest="expand", action="store_true", help="expand $name in values")
+    p.add_argument(
+        "-h", dest="value_only", action="store_true", help="print values only, without 'name ='"
+    )
+    p.add_argument("names", nargs="*", help="parameter names, or name=value with -e")
+
+    p = sub.add_parser(
+        "cat",
+        help="show one queued message: envelope, header, body (postcat -q)",
+        add_help=False,
+        description="Show the message ID from the queue; -e, -h and -b select sections. "
+        "Non-printable characters are escaped.",
+    )
+    p.add_argument("--help", action="help", help="show this help message and exit")
+    p.add_argument("-e", dest="envelope", action="store_true", help="the envelope")
+    p.add_argument("-h", dest="header", action="store_true", help="the message header")
+    p.add_argument("-b", dest="body", action="store_true", help="the message body")
+    p.add_argument(
+        "-q",
+        dest="queue_flag",
+        action="store_true",
+        help="accepted for postcat compatibility (ID is always a queue id)",
+    )
+    p.add_argument("queue_id", metavar="ID")
+
+    p = sub.add_parser(
+        "postmap",
+        help="build FILE.qmgrd.db for hash:/lmdb: tables, or query a table (postmap)",
+    )
+    p.add_argument("-q", dest="query", metavar="KEY", help="print the value of KEY in the table")
+    p.add_argument("tables", nargs="+", metavar="[TYPE:]FILE")
 
     p = sub.add_parser("mailq", help="list the queue in Postfix mailq format")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
@@ -116,7 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("--scheme", choices=("pbkdf2-sha256", "scrypt"), default="pbkdf2-sha256")
     p.add_argument("--stdin", action="store_true", help="read the password from standard input")
+    for subparser in sub.choices.values():
+        _add_config_option(subparser, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_config_option(parser: argparse.ArgumentParser, *, default: object) -> None:
+    """-c DIR, before or after the subcommand (SUPPRESS keeps a subcommand from resetting it)."""
+    parser.add_argument(
+        "-c",
+        dest="config_dir",
+        default=default,
+        metavar="DIR",
+        help=f"configuration directory with main.cf and master.cf (default {DEFAULT_CONFIG_DIR})",
+    )
 
 
 def _config_dir(args: argparse.Namespace) -> Path:
@@ -131,27 +198,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse exits 2 on usage errors, 0 on --help
         return int(exc.code or 0)
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except QmgrdError as exc:
         print(f"qmgrd: fatal: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_ERROR
+    except BrokenPipeError:
+        # The reader went away (``qmgrd postconf | head -1``): stop quietly, as Postfix's
+        # tools die of SIGPIPE. Point stdout at /dev/null so the final flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     config_dir = _config_dir(args)
     if args.command == "postconf":
-        from qmgrd.config.postconf import postconf_command
+        from qmgrd.config.postconf import PostconfArgs, postconf_command
 
-        return postconf_command(
-            config_dir,
+        flags = PostconfArgs(
+            names=args.names,
             defaults=args.defaults,
             nondefault=args.nondefault,
-            names=args.names,
-            out=sys.stdout,
-            err=sys.stderr,
+            expand=args.expand,
+            value_only=args.value_only,
+            edit=args.edit,
+            comment=args.comment,
+            master=args.master,
         )
+        return postconf_command(config_dir, flags, out=sys.stdout, err=sys.stderr)
+    if args.command == "postmap":
+        from qmgrd.ops.postmap import postmap_command
+
+        return postmap_command(args.tables, query=args.query, out=sys.stdout, err=sys.stderr)
     if args.command == "run":
         from qmgrd.daemon.run import run_command
 
@@ -159,14 +242,34 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "mailq":
         from qmgrd.spool.mailq import mailq_command
 
+        queue_directory = _queue_directory(config_dir)
+        if not queue_directory.is_dir():  # not "Mail queue is empty": nothing was looked at
+            print(
+                f"qmgrd: fatal: queue directory {queue_directory} does not exist", file=sys.stderr
+            )
+            return EXIT_ERROR
         return mailq_command(config_dir, as_json=args.json, out=sys.stdout)
+    if args.command == "cat":
+        from qmgrd.ops.postcat import cat_command
+
+        return cat_command(
+            _queue_directory(config_dir),
+            args.queue_id,
+            envelope=args.envelope,
+            header=args.header,
+            body=args.body,
+            out=sys.stdout,
+            err=sys.stderr,
+        )
     return _dispatch_ops(args, config_dir)
 
 
 def _queue_directory(config_dir: Path) -> Path:
+    """The spool of the configuration; the operator tools work even when the daemon would
+    refuse the configuration (a Postfix parameter qmgrd cannot honour), to inspect the queue."""
     from qmgrd.config import load_config
 
-    return load_config(config_dir).get_path("queue_directory")
+    return load_config(config_dir, strict=False).get_path("queue_directory")
 
 
 def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:

@@ -6,7 +6,9 @@ lookups never fail for a configuration reason after loading, and a reload
 builds a new object. Errors are `ConfigError` one-liners naming the file, the
 line and the parameter; the first bad line in file order is reported.
 Unknown names only produce warnings (`Config.warnings`), as postconf does,
-except that a name referenced from another value (``$mydest``) counts as used.
+except that a name referenced from another value (``$mydest``) counts as used,
+and that a Postfix parameter changing routing, content or security that qmgrd
+does not implement is an error (`qmgrd.config.postfix`).
 
 Asking for a name that is not declared, or with the wrong type (``get_int``
 of a time) is a bug in the caller: `InvariantError`.
@@ -42,6 +44,7 @@ from qmgrd.config.files import (
     read_text,
 )
 from qmgrd.config.params import PARAMS, PER_TRANSPORT, Param, ParamType, split_transport_name
+from qmgrd.config.postfix import Kind, classify
 from qmgrd.config.values import Value, convert, parse_hostport
 from qmgrd.errors import ConfigError, InvariantError
 
@@ -176,6 +179,7 @@ class Config(_View):
     warnings: tuple[str, ...]
     _resolved: Mapping[str, Resolved]
     _transports: Mapping[str, TransportConfig]
+    refused: tuple[str, ...] = ()  # Postfix parameters qmgrd cannot honour (strict=False only)
 
     def transport(self, name: str) -> TransportConfig:
         """The view for master.cf service ``name``; ConfigError if there is no such service."""
@@ -240,14 +244,24 @@ def _resolve_view(
     return out
 
 
-def _unused_warnings(
+def _unknown_settings(
     settings: Iterable[Setting], services: frozenset[str], referenced: set[str]
-) -> list[str]:
-    return [
-        f"{s.where}: unused parameter: {s.name}={s.value}"
-        for s in sorted(settings, key=lambda s: (str(s.file), s.line))
-        if not is_known(s.name, services) and s.name not in referenced
-    ]
+) -> tuple[list[str], list[str]]:
+    """(warnings, refusals) for settings of names not in qmgrd's table (`qmgrd.config.postfix`)."""
+    warnings: list[str] = []
+    refused: list[str] = []
+    for s in sorted(settings, key=lambda s: (str(s.file), s.line)):
+        if is_known(s.name, services):
+            continue
+        verdict = classify(s.name, s.value)
+        if verdict is None:
+            if s.name not in referenced:
+                warnings.append(f"{s.where}: unused parameter: {s.name}={s.value}")
+        elif verdict.kind is Kind.FATAL:
+            refused.append(f"{s.where}: parameter {s.name}: {verdict.text}")
+        else:
+            warnings.append(f"{s.where}: {verdict.text}")
+    return warnings, refused
 
 
 def _check_sanity(cfg_layers: Layers, main: Mapping[str, Setting]) -> None:
@@ -258,15 +272,26 @@ def _check_sanity(cfg_layers: Layers, main: Mapping[str, Setting]) -> None:
         raise ConfigError(f"{where}parameter queue_directory: must not be empty")
 
 
-def load_config(config_dir: Path, *, hostname: str | None = None) -> Config:
+def load_config(
+    config_dir: Path,
+    *,
+    hostname: str | None = None,
+    main_text: str | None = None,
+    strict: bool = True,
+) -> Config:
     """Read, expand and check ``config_dir/main.cf`` and ``config_dir/master.cf``.
 
     ``hostname`` replaces the system host name in the ``myhostname`` default
-    (for tests). Raises ConfigError naming the file, the line and the parameter.
+    (for tests); ``main_text`` replaces main.cf's contents (``postconf -e``
+    validates an edit before writing it). Raises ConfigError naming the file,
+    the line and the parameter. A Postfix parameter qmgrd cannot honour
+    (`qmgrd.config.postfix`) is such an error too, unless ``strict`` is False
+    (``postconf``, which must show a configuration it cannot run): it is then
+    listed in ``Config.refused``.
     """
     config_dir = Path(os.path.abspath(config_dir))
     main_path, master_path = config_dir / MAIN_CF, config_dir / MASTER_CF
-    main = parse_main_cf(read_text(main_path), main_path)
+    main = parse_main_cf(main_text if main_text is not None else read_text(main_path), main_path)
     raw_entries = parse_master_cf(read_text(master_path), master_path)
     services = frozenset(e.name for e in raw_entries if e.type != "inet")
     defaults = compute_defaults(hostname)
@@ -310,9 +335,16 @@ def load_config(config_dir: Path, *, hostname: str | None = None) -> Config:
             entry.name, entry, config_dir, MappingProxyType(view_resolved)
         )
 
-    warnings = _unused_warnings(main.values(), services, referenced)
+    warnings, refused = _unknown_settings(main.values(), services, referenced)
     for raw_entry in raw_entries:
-        warnings += _unused_warnings(raw_entry.overrides.values(), services, referenced)
+        more_warnings, more_refused = _unknown_settings(
+            raw_entry.overrides.values(), services, referenced
+        )
+        warnings += more_warnings
+        refused += more_refused
+    if refused and strict:
+        more = f" (and {len(refused) - 1} more such parameters)" if len(refused) > 1 else ""
+        raise ConfigError(f"{refused[0]}{more}")
     return Config(
         config_dir=config_dir,
         main_settings=MappingProxyType(main),
@@ -322,6 +354,7 @@ def load_config(config_dir: Path, *, hostname: str | None = None) -> Config:
         warnings=tuple(warnings),
         _resolved=MappingProxyType(resolved),
         _transports=MappingProxyType(views),
+        refused=tuple(refused),
     )
 
 

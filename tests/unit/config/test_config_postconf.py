@@ -9,7 +9,7 @@ import pytest
 
 from qmgrd.cli import main
 from qmgrd.config.params import PARAMS
-from qmgrd.config.postconf import postconf_command
+from qmgrd.config.postconf import PostconfArgs, postconf_command
 
 MASTER = "smtp unix - - n - - smtp\nrelay unix - - n - - smtp\n"
 
@@ -151,9 +151,7 @@ def test_warnings_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_postconf_command_streams(confdir: Path) -> None:
     """postconf_command writes to the given streams (the CLI passes stdout and stderr)."""
     out, err = io.StringIO(), io.StringIO()
-    code = postconf_command(
-        confdir, defaults=False, nondefault=False, names=["myhostname"], out=out, err=err
-    )
+    code = postconf_command(confdir, PostconfArgs(names=["myhostname"]), out=out, err=err)
     assert (code, out.getvalue(), err.getvalue()) == (0, "myhostname = mx.example\n", "")
 
 
