@@ -1,16 +1,22 @@
 """Render the parameter table as Markdown for README.md (STYLE §7: declared once).
 
 ``python -m qmgrd.config.docs`` prints the table; README.md embeds its output
-between the ``<!-- params:begin -->`` and ``<!-- params:end -->`` markers, and a
-test checks that the README is current.
+between the ``<!-- params:begin -->`` and ``<!-- params:end -->`` markers, and
+the list of Postfix parameters qmgrd refuses (`qmgrd.config.postfix`) between
+``<!-- postfix:begin -->`` and ``<!-- postfix:end -->``; a test checks that the
+README is current.
 """
 
 from __future__ import annotations
 
 from qmgrd.config import describe
+from qmgrd.config.params import PARAMS
+from qmgrd.config.postfix import POSTFIX_NAMES, fatal_names
 
 BEGIN = "<!-- params:begin -->"
 END = "<!-- params:end -->"
+POSTFIX_BEGIN = "<!-- postfix:begin -->"
+POSTFIX_END = "<!-- postfix:end -->"
 
 
 def parameter_table() -> str:
@@ -29,15 +35,43 @@ def parameter_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def embed(readme: str) -> str:
-    """``readme`` with the table between the markers replaced by the current one."""
-    head, sep, rest = readme.partition(BEGIN)
+def postfix_table() -> str:
+    """The Postfix parameters that stop qmgrd (when set to a value it cannot honour), grouped."""
+    by_reason: dict[str, list[str]] = {}
+    for name, reason in fatal_names():
+        if name not in PARAMS:  # implemented since: no longer refused
+            by_reason.setdefault(reason, []).append(name)
+    lines = [
+        "| refused when set (to a value other than empty or Postfix's default) | why, "
+        "and what to do |",
+        "|---|---|",
+    ]
+    for reason, names in sorted(by_reason.items(), key=lambda item: item[1][0]):
+        lines.append(f"| {', '.join(f'`{n}`' for n in names)} | {reason} |")
+    ignored = len(POSTFIX_NAMES - set(PARAMS)) - sum(len(n) for n in by_reason.values())
+    lines.append("")
+    lines.append(
+        f"The other {ignored} parameters of Postfix 3.7 that qmgrd does not have (performance "
+        "hints, local and virtual mailbox delivery, daemon plumbing, postscreen, LMTP, "
+        "`compatibility_level`, ...) are ignored with a warning naming file, line and parameter."
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _replace(text: str, begin: str, end: str, body: str) -> str:
+    head, sep, rest = text.partition(begin)
     if not sep:
-        raise ValueError(f"README has no {BEGIN} marker")
-    _old, sep2, tail = rest.partition(END)
+        raise ValueError(f"README has no {begin} marker")
+    _old, sep2, tail = rest.partition(end)
     if not sep2:
-        raise ValueError(f"README has no {END} marker")
-    return f"{head}{BEGIN}\n{parameter_table()}{END}{tail}"
+        raise ValueError(f"README has no {end} marker")
+    return f"{head}{begin}\n{body}{end}{tail}"
+
+
+def embed(readme: str) -> str:
+    """``readme`` with the generated sections between their markers replaced by current ones."""
+    text = _replace(readme, BEGIN, END, parameter_table())
+    return _replace(text, POSTFIX_BEGIN, POSTFIX_END, postfix_table())
 
 
 if __name__ == "__main__":  # pragma: no cover - a developer tool

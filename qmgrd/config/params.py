@@ -16,9 +16,11 @@ explicitly because Postfix declares them with their own defaults:
 Two defaults depend on the host and are computed when the configuration is
 loaded (`Param.computed`): ``myhostname`` and ``mydomain``.
 
-Clamp: ``bounce_queue_lifetime`` is limited to ``maximal_queue_lifetime``
-(``Param.at_most``), as Postfix does at startup; `Config.get_time` applies it,
-postconf prints the value as written.
+Clamps (``Param.at_most``): ``bounce_queue_lifetime`` is limited to
+``maximal_queue_lifetime``, as Postfix does at startup, and
+``smtp_connection_cache_time_limit`` to ``connection_cache_ttl_limit``, as
+Postfix's scache server does; `Config.get_time` applies them, postconf prints
+the value as written.
 """
 
 from __future__ import annotations
@@ -238,9 +240,6 @@ _TABLE: tuple[Param, ...] = (
         minimum=0,
     ),
     Param(
-        "destination_concurrency_feedback_debug", _B, "no", "log every concurrency window change"
-    ),
-    Param(
         "default_destination_rate_delay",
         _T,
         "0s",
@@ -302,48 +301,7 @@ _TABLE: tuple[Param, ...] = (
         unit="h",
         minimum=0,
     ),
-    Param(
-        "confirm_delay_cleared",
-        _B,
-        "no",
-        "notify the sender when a delayed message is finally delivered",
-    ),
     Param("defer_transports", _L, "", "transports whose mail is held until a flush"),
-    Param(
-        "qmgr_clog_warn_time",
-        _T,
-        "300s",
-        "minimum time between 'queue is clogged' warnings (0 = never)",
-        minimum=0,
-    ),
-    Param("qmgr_daemon_timeout", _T, "1000s", "queue manager watchdog time", minimum=1),
-    Param(
-        "qmgr_ipc_timeout", _T, "60s", "queue manager time limit for internal requests", minimum=1
-    ),
-    Param("daemon_timeout", _T, "18000s", "time limit for a delivery agent's reply", minimum=1),
-    Param(
-        "address_verify_pending_request_limit",
-        _I,
-        "5000",
-        "verification probes in the active queue before more are deferred",
-        minimum=1,
-    ),
-    Param(
-        "in_flow_delay",
-        _T,
-        "1s",
-        "input throttling delay when the queue manager falls behind",
-        minimum=0,
-        maximum=10,
-    ),
-    Param(
-        "qmgr_fudge_factor",
-        _I,
-        "100",
-        "old queue manager only; not used by nqmgr",
-        minimum=10,
-        maximum=100,
-    ),
     # --- addresses and routing ---
     Param(
         "myhostname",
@@ -359,7 +317,6 @@ _TABLE: tuple[Param, ...] = (
         "the domain of this host (default: myhostname minus its first label)",
         computed=True,
     ),
-    Param("myorigin", _S, "$myhostname", "domain appended to unqualified sender addresses"),
     Param("mail_name", _S, "qmgrd", "the product name in greetings and bounces"),
     Param("relayhost", _S, "", "next-hop for non-local mail (empty = direct MX delivery)"),
     Param("default_transport", _S, "smtp", "transport for destinations not in transport_maps"),
@@ -367,8 +324,6 @@ _TABLE: tuple[Param, ...] = (
     Param("fallback_relay", _L, "", "obsolete name of smtp_fallback_relay"),
     Param("recipient_delimiter", _S, "", "characters that separate a user name from an extension"),
     Param("soft_bounce", _B, "no", "turn permanent (5xx) failures into deferrals"),
-    Param("bounce_notice_recipient", _S, "postmaster", "recipient of bounce notices to the admin"),
-    Param("notify_classes", _L, "resource, software", "problem classes reported to the postmaster"),
     Param(
         "double_bounce_sender", _S, "double-bounce", "sender of postmaster notices (never bounced)"
     ),
@@ -460,7 +415,12 @@ _TABLE: tuple[Param, ...] = (
         "destinations whose connections are always cached",
     ),
     Param(
-        "smtp_connection_cache_time_limit", _T, "2s", "idle time of a cached connection", minimum=1
+        "smtp_connection_cache_time_limit",
+        _T,
+        "2s",
+        "idle time of a cached connection; clamped to connection_cache_ttl_limit",
+        minimum=1,
+        at_most="connection_cache_ttl_limit",
     ),
     Param(
         "smtp_connection_reuse_time_limit",
@@ -481,20 +441,6 @@ _TABLE: tuple[Param, ...] = (
         _T,
         "2s",
         "upper bound on a cached connection's idle time",
-        minimum=1,
-    ),
-    Param(
-        "connection_cache_protocol_timeout",
-        _T,
-        "5s",
-        "time limit for connection cache requests",
-        minimum=1,
-    ),
-    Param(
-        "connection_cache_status_update_time",
-        _T,
-        "600s",
-        "period of connection cache statistics logging",
         minimum=1,
     ),
     # --- SMTP listener ---
@@ -549,10 +495,6 @@ _TABLE: tuple[Param, ...] = (
         "/var/spool/qmgrd",
         "spool directory (relative to the config directory)",
     ),
-    Param(
-        "hash_queue_depth", _I, "1", "subdirectory levels in hashed queues", minimum=1, maximum=16
-    ),
-    Param("hash_queue_names", _L, "deferred, defer", "queues stored in hashed subdirectories"),
     Param("maillog_file", _S, "", "log file (empty = standard output, for journald)"),
     Param(
         "log_format",

@@ -80,7 +80,6 @@ def test_expansion_is_lazy(tmp_path: Path) -> None:
     cfg = load(tmp_path, "relayhost = [$myhostname]\nmyhostname = late.example\n")
     assert cfg.get_str("relayhost") == "[late.example]"
     assert cfg.get_str("smtp_helo_name") == "late.example"
-    assert cfg.get_str("myorigin") == "late.example"
     assert cfg.get_str("smtpd_banner") == "late.example ESMTP qmgrd"
 
 
@@ -97,9 +96,9 @@ def test_self_reference_is_a_loop(tmp_path: Path) -> None:
 
 
 def test_loop_through_a_default(tmp_path: Path) -> None:
-    """A loop closed by a table default (myorigin = $myhostname) is found too."""
-    message = load_error(tmp_path, "myhostname = $myorigin\n")
-    assert "expansion loop: myhostname -> myorigin -> myhostname" in message
+    """A loop closed by a table default (smtp_helo_name = $myhostname) is found too."""
+    message = load_error(tmp_path, "myhostname = $smtp_helo_name\n")
+    assert "expansion loop: myhostname -> smtp_helo_name -> myhostname" in message
     assert "main.cf, line 1: parameter myhostname" in message
 
 
@@ -165,7 +164,7 @@ def test_defaults_without_settings(tmp_path: Path) -> None:
     assert cfg.get_time("delay_warning_time") == 0
     assert cfg.get_str("smtp_tls_security_level") == ""
     assert cfg.get_list("smtp_fallback_relay") == ()
-    assert cfg.get_list("hash_queue_names") == ("deferred", "defer")
+    assert cfg.get_list("defer_transports") == ()
 
 
 def test_fallback_relay_feeds_smtp_fallback_relay(tmp_path: Path) -> None:
@@ -289,7 +288,7 @@ def test_o_overrides_come_first_and_expand_in_the_view(tmp_path: Path) -> None:
     assert fast.get_str("smtp_helo_name") == "helo.fast.example"
     assert fast.get_int("destination_concurrency_limit") == 3
     assert fast.get_time("transport_rate_delay") == 2
-    assert fast.get_str("myorigin") == "fast.example"
+    assert fast.get_str("mail_name") == "qmgrd"
     assert cfg.get_str("smtp_helo_name") == "main.example"
     assert cfg.transport("smtp").get_str("smtp_helo_name") == "main.example"
     assert cfg.get_int("fast_destination_concurrency_limit") == 8

