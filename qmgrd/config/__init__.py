@@ -10,6 +10,7 @@ Public API (DESIGN §8)::
 from qmgrd.config.config import Config, TransportConfig, compute_defaults, load_config
 from qmgrd.config.files import MasterEntry, Setting
 from qmgrd.config.params import PARAMS, Param, ParamType, describe, find_param
+from qmgrd.config.validate import check_reloadable
 from qmgrd.config.values import parse_hostport
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ParamType",
     "Setting",
     "TransportConfig",
+    "check_reloadable",
     "compute_defaults",
     "describe",
     "find_param",

@@ -345,7 +345,7 @@ def load_config(
     if refused and strict:
         more = f" (and {len(refused) - 1} more such parameters)" if len(refused) > 1 else ""
         raise ConfigError(f"{refused[0]}{more}")
-    return Config(
+    cfg = Config(
         config_dir=config_dir,
         main_settings=MappingProxyType(main),
         defaults=MappingProxyType(defaults),
@@ -356,6 +356,10 @@ def load_config(
         _transports=MappingProxyType(views),
         refused=tuple(refused),
     )
+    from qmgrd.config.validate import check_values  # validate builds on Config: import late
+
+    check_values(cfg)
+    return cfg
 
 
 def _master_entry(raw: RawMasterEntry, view: Mapping[str, Resolved]) -> MasterEntry:

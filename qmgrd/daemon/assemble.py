@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from qmgrd.config import Config, load_config
+from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
@@ -71,7 +71,7 @@ def create_engine(
     )
 
 
-def reload_engine(engine: Engine, config_dir: Path) -> Config | None:
+def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
     """SIGHUP: re-read main.cf and master.cf and apply them; None (old config kept) on error.
 
     Everything is built before anything is swapped in, so a bad file changes
@@ -80,6 +80,8 @@ def reload_engine(engine: Engine, config_dir: Path) -> Config | None:
     log = get_logger("master")
     try:
         cfg = load_config(config_dir)
+        if running is not None:
+            check_reloadable(running, cfg)  # start-only parameters (queue_directory, ...)
         settings = engine_settings(cfg)
         params = transport_params_fn(cfg, lambda text: log.warning(text))
         resolver = Resolver(resolver_settings(cfg, _read_text))

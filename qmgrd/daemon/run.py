@@ -140,7 +140,7 @@ async def _reload_on_hup(
         hup.clear()
         notifier.reloading()
         reopen_logs()
-        new_cfg = reload_engine(engine, cfg.config_dir)
+        new_cfg = reload_engine(engine, cfg.config_dir, cfg)
         if new_cfg is not None:
             try:
                 listener.update(ListenerSettings.from_config(new_cfg))
