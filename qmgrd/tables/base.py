@@ -139,6 +139,18 @@ class Watched(Generic[T]):
 
 
 def log_error(text: str) -> None:
+    """Log a table problem found while the daemon runs (component ``dict``, as Postfix)."""
     from qmgrd.log import get_logger  # deferred: tables are usable without logging set up
 
     get_logger("dict").error(text)
+
+
+def log_warnings(warnings: list[str]) -> None:
+    """Log each warning of a table just (re)read, e.g. duplicate keys."""
+    if not warnings:
+        return
+    from qmgrd.log import get_logger
+
+    log = get_logger("dict")
+    for text in warnings:
+        log.warning(text)

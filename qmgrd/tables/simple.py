@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from qmgrd.errors import ConfigError
-from qmgrd.tables.base import Watched, read_table_file, table_lines
+from qmgrd.tables.base import Watched, log_warnings, read_table_file, table_lines
 
 
 def split_braced(where: str, body: str) -> list[str]:
@@ -90,6 +90,13 @@ def parse_key_value_file(path: Path) -> tuple[dict[str, str], list[str]]:
     return parse_pairs(list(table_lines(read_table_file(path), where)), where)
 
 
+def _load_logged(path: Path) -> tuple[dict[str, str], list[str]]:
+    """`parse_key_value_file`, logging its duplicate-key warnings (texthash, as dict_thash)."""
+    pairs, warnings = parse_key_value_file(path)
+    log_warnings(warnings)
+    return pairs, warnings
+
+
 class InlineTable:
     """``inline:{ key=value, ... }``."""
 
@@ -113,6 +120,7 @@ class InlineTable:
             entries[key] = value
         self._entries: Mapping[str, str] = MappingProxyType(entries)
         self.warnings = tuple(warnings)
+        log_warnings(warnings)
 
     def lookup(self, key: str) -> str | None:
         """The value of ``key`` (case-insensitive)."""
@@ -127,7 +135,7 @@ class TextHashTable:
     def __init__(self, spec: str, path: Path) -> None:
         """Read ``path`` now; ConfigError naming the file and line if it is malformed."""
         self.spec = spec
-        self._watched = Watched(path, parse_key_value_file)
+        self._watched = Watched(path, _load_logged)
 
     @property
     def warnings(self) -> tuple[str, ...]:

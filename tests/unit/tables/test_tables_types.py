@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from qmgrd.errors import ConfigError
 from qmgrd.tables import LookupTable, index_path, open_table, postmap
@@ -94,10 +95,28 @@ def test_texthash_broken_edit_keeps_previous_contents(tmp_path: Path) -> None:
     assert t.lookup("a") == "1"
 
 
-def test_texthash_duplicate_keeps_first(tmp_path: Path) -> None:
-    """A duplicate key keeps the first value, as postmap does."""
+def test_texthash_duplicate_keeps_first_and_logs(tmp_path: Path) -> None:
+    """A duplicate key keeps the first value, as postmap does, with a logged warning."""
     write(tmp_path, "t", "a 1\nA 2\n")
-    assert open_table("texthash:t", base_dir=tmp_path).lookup("a") == "1"
+    with capture_logs() as logs:
+        assert open_table("texthash:t", base_dir=tmp_path).lookup("a") == "1"
+    assert [(e["log_level"], e["event"]) for e in logs] == [
+        ("warning", f"{tmp_path / 't'}, line 2: duplicate entry: 'a' (ignored)")
+    ]
+
+
+def test_broken_edit_is_logged_once(tmp_path: Path) -> None:
+    """A changed file that does not parse is logged once per version, not at every lookup."""
+    path = write(tmp_path, "t", "a 1\n")
+    t = open_table("texthash:t", base_dir=tmp_path)
+    bump(path, "lonely\n")
+    with capture_logs() as logs:
+        assert t.lookup("a") == "1"
+        assert t.lookup("a") == "1"
+    assert len(logs) == 1
+    assert logs[0]["log_level"] == "error"
+    assert "line 1: expected format: key whitespace value" in logs[0]["event"]
+    assert "still using the previous contents" in logs[0]["event"]
 
 
 # --- hash / lmdb ---
