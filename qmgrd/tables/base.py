@@ -6,8 +6,9 @@ Contract
   ``lookup(key) -> str | None``. Lookups never raise for a configuration
   reason: a table is parsed completely when it is opened (`ConfigError`
   naming the file and the line), and again when its file changes.
-- `Watched` re-reads a table's file when it changes (mtime, size or inode,
-  checked with one ``stat`` per lookup). A changed file that no longer
+- `Watched` re-reads a table's file when it changes (mtime, size or inode),
+  looking at most once per `RECHECK_INTERVAL` seconds (one ``stat``; a lookup
+  costs a clock read otherwise), so an edit is seen within a second. A changed file that no longer
   parses, or that disappeared, keeps the previous contents in use and logs
   one error per change, as a running daemon must not lose its routing because
   of an editor's half-saved file; a reload (SIGHUP) then reports the error
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, runtime_checkable
@@ -98,6 +100,20 @@ def file_stamp(path: Path) -> tuple[int, int, int] | None:
 
 T = TypeVar("T")
 
+RECHECK_INTERVAL = 1.0
+"""Seconds between two looks at a table file's stamp (read at each check, so tests can set 0)."""
+
+
+def monotonic() -> float:
+    """The clock the recheck interval is measured with (tests replace it)."""
+    return time.monotonic()
+
+
+def recheck_due(last: float) -> float | None:
+    """The current monotonic time if a table should look at its file again, else None."""
+    now = monotonic()
+    return now if now - last >= RECHECK_INTERVAL else None
+
 
 class Watched(Generic[T]):
     """Parsed contents of one file, re-parsed when the file changes.
@@ -107,7 +123,7 @@ class Watched(Generic[T]):
     `current` whenever the file's stamp differs from the last one seen.
     """
 
-    __slots__ = ("_data", "_load", "_lock", "_reported", "_stamp", "path")
+    __slots__ = ("_checked", "_data", "_load", "_lock", "_reported", "_stamp", "path")
 
     def __init__(self, path: Path, load: Callable[[Path], T]) -> None:
         """Load ``path`` now; ConfigError if it cannot be read or parsed."""
@@ -117,9 +133,14 @@ class Watched(Generic[T]):
         self._stamp = file_stamp(path)
         self._data = load(path)
         self._reported: tuple[int, int, int] | None = (-1, -1, -1)  # last broken version
+        self._checked = monotonic()
 
     def current(self) -> T:
         """The contents, re-read first if the file changed since the last look."""
+        now = recheck_due(self._checked)
+        if now is None:
+            return self._data
+        self._checked = now
         stamp = file_stamp(self.path)
         if stamp == self._stamp or stamp == self._reported:
             return self._data  # unchanged, or the same broken version already reported

@@ -19,7 +19,7 @@ Berkeley DB nor LMDB); the suffix differs from Postfix's ``FILE.db`` and
 migration without overwriting each other's index.
 
 Lookups open the index read-only, one query per key, and reopen it when the
-index file is replaced (checked with one ``stat`` per lookup). Opening a table
+index file is replaced (its stamp is looked at once per second at most). Opening a table
 whose index is missing, foreign or older than its source is a `ConfigError`
 saying to run ``qmgrd postmap``; Postfix only warns about an old index, but
 silently routing with stale data is what the operator least expects.
@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 
 from qmgrd.errors import ConfigError
-from qmgrd.tables.base import file_stamp, log_error
+from qmgrd.tables.base import file_stamp, log_error, monotonic, recheck_due
 from qmgrd.tables.simple import parse_key_value_file
 
 INDEX_SUFFIX = ".qmgrd.db"
@@ -85,7 +85,7 @@ def postmap(source: Path) -> tuple[int, list[str]]:
 class IndexedTable:
     """``hash:FILE`` / ``lmdb:FILE`` backed by ``FILE.qmgrd.db``."""
 
-    __slots__ = ("_con", "_lock", "_stamp", "index", "source", "spec")
+    __slots__ = ("_checked", "_con", "_lock", "_stamp", "index", "source", "spec")
 
     def __init__(self, spec: str, source: Path) -> None:
         """Open the index; ConfigError if it is missing, foreign or older than the source."""
@@ -95,6 +95,7 @@ class IndexedTable:
         self._lock = threading.Lock()
         self._stamp = file_stamp(self.index)
         self._con = self._open()
+        self._checked = monotonic()
 
     def _open(self) -> sqlite3.Connection:
         hint = f"run: qmgrd postmap {self.source}"
@@ -122,7 +123,11 @@ class IndexedTable:
     def lookup(self, key: str) -> str | None:
         """The value of ``key`` (case-insensitive); the index is reopened when replaced."""
         with self._lock:
-            stamp = file_stamp(self.index)
+            now = recheck_due(self._checked)
+            stamp = self._stamp
+            if now is not None:
+                self._checked = now
+                stamp = file_stamp(self.index)
             if stamp != self._stamp and stamp is not None:
                 self._stamp = stamp  # tried once per version of the index file
                 try:

@@ -14,6 +14,13 @@ from qmgrd.daemon.settings import resolver_settings
 from qmgrd.errors import ConfigError
 from qmgrd.tables import postmap
 
+
+@pytest.fixture(autouse=True)
+def recheck_every_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables look at their files at every lookup here (normally at most once a second)."""
+    monkeypatch.setattr("qmgrd.tables.base.RECHECK_INTERVAL", 0.0)
+
+
 MASTER = """\
 smtp      unix  -       -       n       -       -       smtp
 relay     unix  -       -       n       -       -       smtp

@@ -11,6 +11,13 @@ from structlog.testing import capture_logs
 from qmgrd.errors import ConfigError
 from qmgrd.tables import LookupTable, index_path, open_table, postmap
 
+
+@pytest.fixture(autouse=True)
+def recheck_every_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tables look at their files at every lookup here (normally at most once a second)."""
+    monkeypatch.setattr("qmgrd.tables.base.RECHECK_INTERVAL", 0.0)
+
+
 # regexp_table(5), "EXAMPLE SMTPD ACCESS MAP"
 REGEXP_EXAMPLE = """\
 # Disallow sender-specified routing. This is a must if you relay mail
@@ -347,3 +354,19 @@ def test_every_type_satisfies_the_protocol(tmp_path: Path) -> None:
         table = open_table(spec, base_dir=tmp_path)
         assert isinstance(table, LookupTable)
         assert table.spec == spec
+
+
+def test_file_is_looked_at_once_per_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default interval a change is seen only once a second has passed (fake clock)."""
+    now = [1000.0]
+    monkeypatch.setattr("qmgrd.tables.base.RECHECK_INTERVAL", 1.0)
+    monkeypatch.setattr("qmgrd.tables.base.monotonic", lambda: now[0])
+    path = write(tmp_path, "t", "a 1\n")
+    t = open_table("texthash:t", base_dir=tmp_path)
+    bump(path, "a 2\n")
+    now[0] += 0.5
+    assert t.lookup("a") == "1"
+    now[0] += 0.6
+    assert t.lookup("a") == "2"
