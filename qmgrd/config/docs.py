@@ -48,13 +48,21 @@ def postfix_table() -> str:
     ]
     for reason, names in sorted(by_reason.items(), key=lambda item: item[1][0]):
         lines.append(f"| {', '.join(f'`{n}`' for n in names)} | {reason} |")
-    ignored = len(POSTFIX_NAMES - set(PARAMS)) - sum(len(n) for n in by_reason.values())
+    refusable = {n for names in by_reason.values() for n in names}
+    ignored = sorted(POSTFIX_NAMES - set(PARAMS) - refusable)
     lines.append("")
     lines.append(
-        f"The other {ignored} parameters of Postfix 3.7 that qmgrd does not have (performance "
-        "hints, local and virtual mailbox delivery, daemon plumbing, postscreen, LMTP, "
-        "`compatibility_level`, ...) are ignored with a warning naming file, line and parameter."
+        f"The other {len(ignored)} parameters of Postfix 3.7 that qmgrd does not have "
+        "(performance hints, local and virtual mailbox delivery, daemon plumbing, postscreen, "
+        "LMTP, `compatibility_level`, ...) are ignored with a warning naming file, line and "
+        "parameter:"
     )
+    lines.append("")
+    lines.append(f"<details><summary>the {len(ignored)} ignored parameters</summary>")
+    lines.append("")
+    lines.append(", ".join(f"`{name}`" for name in ignored))
+    lines.append("")
+    lines.append("</details>")
     return "\n".join(lines) + "\n"
 
 
