@@ -31,6 +31,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import weakref
 from pathlib import Path
 
 from qmgrd.errors import ConfigError
@@ -85,7 +86,17 @@ def postmap(source: Path) -> tuple[int, list[str]]:
 class IndexedTable:
     """``hash:FILE`` / ``lmdb:FILE`` backed by ``FILE.qmgrd.db``."""
 
-    __slots__ = ("_checked", "_con", "_lock", "_stamp", "index", "source", "spec")
+    __slots__ = (
+        "__weakref__",
+        "_checked",
+        "_close",
+        "_con",
+        "_lock",
+        "_stamp",
+        "index",
+        "source",
+        "spec",
+    )
 
     def __init__(self, spec: str, source: Path) -> None:
         """Open the index; ConfigError if it is missing, foreign or older than the source."""
@@ -96,6 +107,8 @@ class IndexedTable:
         self._stamp = file_stamp(self.index)
         self._con = self._open()
         self._checked = monotonic()
+        # A table dropped by a reload closes its connection (Python 3.13 warns about open ones).
+        self._close = weakref.finalize(self, self._con.close)
 
     def _open(self) -> sqlite3.Connection:
         hint = f"run: qmgrd postmap {self.source}"
@@ -135,8 +148,9 @@ class IndexedTable:
                 except ConfigError as exc:
                     log_error(f"{exc}; still using the previous index")
                 else:
-                    self._con.close()
+                    self._close()  # closes the old connection once
                     self._con = con
+                    self._close = weakref.finalize(self, con.close)
             try:
                 row = self._con.execute(
                     "SELECT value FROM map WHERE key = ?", (key.lower(),)
