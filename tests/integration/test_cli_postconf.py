@@ -199,3 +199,28 @@ def test_postmap_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     )
     _code, _out, err = run(capsys, "postmap", f"regexp:{source}")
     assert "postmap builds hash and lmdb tables only" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-e"], "-e needs name=value arguments"),
+        (["-#"], "-# needs parameter names"),
+        (["-e", "mail_name=a\nb"], "parameter mail_name: the value must be one line"),
+    ],
+)
+def test_edit_usage_errors(
+    conf: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    """-e and -# without arguments, or with a multi-line value, change nothing and say why."""
+    assert run(capsys, "-c", str(conf), "postconf", *argv) == (1, "", f"qmgrd: fatal: {message}\n")
+    assert (conf / "main.cf").read_text() == MAIN
+
+
+def test_postmap_query_needs_one_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """postmap -q with two tables is an error."""
+    assert run(capsys, "postmap", "-q", "k", "hash:/a", "hash:/b") == (
+        1,
+        "",
+        "qmgrd: fatal: -q KEY needs exactly one table (type:name)\n",
+    )

@@ -147,3 +147,16 @@ def test_reload_accepts_reloadable_changes(tmp_path: Path) -> None:
     old = load(tmp_path, "queue_directory = spool\n")
     new = load(tmp_path, "queue_directory = ./spool/\nrelayhost = [relay.example]\n")
     check_reloadable(old, new)
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("[mx.example]:0", "bad port '0'"),
+        ("[mx.example]:p0rt!", "bad port 'p0rt!'"),
+        ("[]", "empty host name"),
+    ],
+)
+def test_more_relayhost_errors(tmp_path: Path, value: str, problem: str) -> None:
+    """Port 0, a malformed service name and empty brackets are refused too."""
+    assert problem in error(tmp_path, f"relayhost = {value}\n")

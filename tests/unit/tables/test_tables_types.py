@@ -370,3 +370,40 @@ def test_file_is_looked_at_once_per_interval(
     assert t.lookup("a") == "1"
     now[0] += 0.6
     assert t.lookup("a") == "2"
+
+
+def test_index_with_unknown_format_is_refused(tmp_path: Path) -> None:
+    """An SQLite file that postmap did not write is refused with the postmap hint."""
+    import sqlite3
+
+    source = write(tmp_path, "m", "a 1\n")
+    con = sqlite3.connect(index_path(source))
+    con.execute("CREATE TABLE meta(name TEXT PRIMARY KEY, value TEXT)")
+    con.commit()
+    con.close()
+    os.utime(source, ns=(0, 0))
+    assert "has an unknown format (run: qmgrd postmap" in error_of("hash:m", tmp_path)
+
+
+def test_postmap_write_failure_names_the_index_and_leaves_no_temporary(tmp_path: Path) -> None:
+    """A failed index write is an error naming the index; no temporary file is left behind."""
+    source = write(tmp_path, "m", "a 1\n")
+    index_path(source).mkdir()  # os.replace onto a directory fails, even for root
+    with pytest.raises(ConfigError, match=r"m\.qmgrd\.db: cannot write the index"):
+        postmap(source)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "m.qmgrd.db"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("regexp:{ {!} }", "missing pattern"),
+        ("regexp:{ {endif x} }", "text after endif"),
+        ("cidr:{ {if} }", "missing pattern after if"),
+        ("cidr:{ {if 10.0.0.0/8 x}, {endif} }", "text after the if pattern"),
+        ("cidr:{ {10.0.0.0/x y} }", "bad network prefix length"),
+    ],
+)
+def test_more_pattern_table_errors(spec: str, message: str) -> None:
+    """The remaining rule errors of regexp and cidr tables say what is wrong."""
+    assert message in error_of(spec, Path("/"))
