@@ -133,8 +133,20 @@ def cat_command(
         print(f"qmgrd: fatal: message {queue_id} is not in the queue", file=err)
         return 1
     queue, qf = found
+    try:
+        _print_message(qf, f"{queue}/{queue_id}", envelope, header, body, out)
+    except BrokenPipeError:
+        raise  # the reader went away: the CLI ends quietly
+    except OSError as exc:  # removed or moved while being read
+        print(f"qmgrd: fatal: {qf.path}: cannot read: {exc.strerror or exc}", file=err)
+        return 1
+    return 0
+
+
+def _print_message(
+    qf: QueueFile, name: str, envelope: bool, header: bool, body: bool, out: TextIO
+) -> None:
     everything = not (envelope or header or body)
-    name = f"{queue}/{queue_id}"
     if everything:
         print(f"*** ENVELOPE RECORDS {name} ***", file=out)
     if everything or envelope:
@@ -154,4 +166,3 @@ def cat_command(
                 print(show(raw), file=out)
     if everything:
         print(f"*** MESSAGE FILE END {name} ***", file=out)
-    return 0

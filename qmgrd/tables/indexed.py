@@ -56,10 +56,11 @@ def postmap(source: Path) -> tuple[int, list[str]]:
     """
     pairs, warnings = parse_key_value_file(source)
     target = index_path(source)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp: Path | None = None
     try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
         con = sqlite3.connect(tmp)
         try:
             con.execute("PRAGMA journal_mode=OFF")
@@ -78,7 +79,8 @@ def postmap(source: Path) -> tuple[int, list[str]]:
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except (OSError, sqlite3.Error) as exc:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         raise ConfigError(f"{target}: cannot write the index: {exc}") from None
     return len(pairs), warnings
 
@@ -102,7 +104,7 @@ class IndexedTable:
         """Open the index; ConfigError if it is missing, foreign or older than the source."""
         self.spec = spec
         self.source = source
-        self.index = index_path(source)
+        self.index = index_path(Path(os.path.abspath(source)))  # a URI needs an absolute path
         self._lock = threading.Lock()
         self._stamp = file_stamp(self.index)
         self._con = self._open()
