@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,9 @@ IN_PROGRESS_ELSEWHERE = frozenset(
 MASTER = "smtp unix - - n - - smtp\n"
 
 
-def _code_strings() -> set[str]:
-    """Every string constant in the package's code, docstrings excluded."""
+@functools.cache
+def _code_strings() -> frozenset[str]:
+    """Every string constant in the package's code, docstrings excluded (parsed once)."""
     found: set[str] = set()
     for path in PACKAGE.rglob("*.py"):
         if path in NOT_READERS:
@@ -57,7 +59,7 @@ def _code_strings() -> set[str]:
                 and id(node) not in docstrings
             ):
                 found.add(node.value)
-    return found
+    return frozenset(found)
 
 
 def _unread_parameters() -> set[str]:
