@@ -92,6 +92,8 @@ class SmtpAgent:
         self.clock = clock
         self.stats = SmtpStats()
         self._log = get_logger("smtp")
+        for warning in settings.warnings:
+            self._log.warning(warning)
         self.tls = TlsClient(
             level=settings.tls_security_level,
             cafile=settings.tls_cafile,
