@@ -264,16 +264,20 @@ def _domain_of(address: str) -> str | None:
     """The lowercased domain of a syntactically plausible ``local@domain``, else None.
 
     Deliberately lenient (the listener already enforced RFC 5321 on input): it rejects only what
-    cannot be routed: no ``@``, an empty localpart or domain, whitespace or control characters,
-    and malformed domains.
+    cannot be routed: no ``@``, an empty localpart or domain, control characters, whitespace
+    outside a quoted local part (``"sp ace"@d`` is valid, RFC 5321 §4.1.2), and malformed
+    domains.
     """
     at = address.rfind("@")
     if at <= 0 or at == len(address) - 1:
         return None
-    if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in address):
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in address):
         return None
     local, domain = address[:at], address[at + 1 :]
-    if "@" in local and not (local.startswith('"') and local.endswith('"')):
+    quoted = len(local) >= 2 and local.startswith('"') and local.endswith('"')
+    if not quoted and any(ch.isspace() for ch in local):
+        return None
+    if "@" in local and not quoted:
         return None
     if domain.startswith("["):
         return domain.lower() if _LITERAL_RE.match(domain) else None

@@ -210,6 +210,17 @@ def test_bad_and_null_addresses_go_to_error(address: str, nexthop: str) -> None:
     assert resolver().resolve(address) == Resolved("error", nexthop, address)
 
 
+@pytest.mark.parametrize("address", ['"sp ace"@x.test', '" "@x.test', '"a\\ b"@x.test'])
+def test_quoted_local_part_with_space_is_routed_unchanged(address: str) -> None:
+    """A quoted local part may contain spaces (RFC 5321 §4.1.2): routed, address unchanged."""
+    assert Resolver(ResolverSettings()).resolve(address) == Resolved("smtp", "x.test", address)
+
+
+def test_control_character_is_bad_syntax_even_quoted() -> None:
+    """A control character is bad syntax even inside a quoted local part."""
+    assert Resolver(ResolverSettings()).resolve('"a\x1bb"@x.test').transport == "error"
+
+
 def test_quoted_local_part_with_at_sign_is_accepted() -> None:
     """A quoted local part may contain '@'; the domain is after the last '@'."""
     assert Resolver(ResolverSettings()).resolve('"a@b"@x.test').nexthop == "x.test"
