@@ -125,13 +125,11 @@ class SaslClient:
             at = sender.rfind("@")
             if at >= 0:
                 keys.append(sender[at:])
-        bracketed = f"[{dest.host}]"
         if not dest.mx:
+            bracketed = f"[{dest.host}]"
             keys.append(bracketed if dest.port == DEFAULT_PORT else f"{bracketed}:{dest.port}")
             keys.append(bracketed)
-        else:
-            keys.append(dest.label)
-        keys += [ep.host, dest.host]
+        keys += [ep.host, dest.label, dest.host]
         seen: set[str] = set()
         for key in keys:
             if key in seen:
