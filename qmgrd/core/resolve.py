@@ -21,7 +21,10 @@ Routing rules, in order of precedence (transport(5), postconf(5) ``default_trans
 3. A table value ``transport:nexthop`` may leave either part empty: an empty transport means the
    default route's transport, an empty nexthop means the default route's nexthop.
 4. The default route: ``default_transport`` (``transport[:nexthop]``); its nexthop if it has one,
-   else ``relayhost`` if set, else the recipient domain.
+   else the sender-dependent relayhost (``sender_dependent_relayhost_maps``: the sender address,
+   then ``@domain``; ``<>`` for the null sender), else ``relayhost`` if set, else the recipient
+   domain. ``relayhost`` (and a sender-dependent one) may list several destinations; the SMTP
+   agent tries them in order.
 5. ``error`` and ``retry`` keep their nexthop as DSN text, given a default status code if it has
    none (5.0.0 / 4.0.0).
 6. A transport listed in ``defer_transports`` becomes ``retry`` "4.3.2 deferred transport" unless
@@ -31,7 +34,7 @@ Routing rules, in order of precedence (transport(5), postconf(5) ``default_trans
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -165,7 +168,9 @@ class ResolverSettings:
     """The configuration the resolver needs, parsed once (a reload builds a new one).
 
     ``recipient_delimiter`` (an addition to the agreed interface, with a harmless default) enables
-    the ``user@domain`` lookup of ``user+ext@domain``.
+    the ``user@domain`` lookup of ``user+ext@domain``. ``sender_relayhost`` looks one key up in
+    ``sender_dependent_relayhost_maps`` (tables read when opened: the call does no I/O); None
+    when there are none.
     """
 
     default_transport: str = "smtp"
@@ -173,6 +178,7 @@ class ResolverSettings:
     transport_table: TransportTable = EMPTY
     defer_transports: frozenset[str] = frozenset()
     recipient_delimiter: str = ""
+    sender_relayhost: Callable[[str], str | None] | None = None
 
 
 class Resolver:
@@ -196,11 +202,11 @@ class Resolver:
         """The settings this resolver was built with."""
         return self._settings
 
-    def resolve(self, address: str, *, flush: bool = False) -> Resolved:
+    def resolve(self, address: str, *, flush: bool = False, sender: str | None = None) -> Resolved:
         """Route one recipient address (rules in the module doc). Never raises for bad input.
 
         ``flush`` is true while a message is being flushed (``qmgrd flush``): it lifts
-        ``defer_transports``.
+        ``defer_transports``. ``sender`` (None = unknown) selects a sender-dependent relayhost.
         """
         settings = self._settings
         stripped = address.strip()
@@ -228,10 +234,23 @@ class Resolver:
         if transport in _DEFAULT_TEXT:
             nexthop = _dsn_text(transport, explicit)
         else:
-            nexthop = explicit or settings.relayhost or domain
+            nexthop = explicit or self._sender_relayhost(sender) or settings.relayhost or domain
         if transport in settings.defer_transports and not flush:
             return Resolved(RETRY_TRANSPORT, DEFERRED_TRANSPORT, address)
         return Resolved(transport, nexthop, address)
+
+    def _sender_relayhost(self, sender: str | None) -> str:
+        """The sender-dependent relayhost: the address, then ``@domain`` (``<>`` if null)."""
+        lookup = self._settings.sender_relayhost
+        if lookup is None or sender is None:
+            return ""
+        if not sender:
+            return (lookup("<>") or "").strip()
+        found = lookup(sender)
+        at = sender.rfind("@")
+        if found is None and at >= 0:
+            found = lookup(sender[at:])
+        return (found or "").strip()
 
 
 def queue_name(resolved: Resolved, *, recipient_limit: int, recipient_delimiter: str = "") -> str:

@@ -283,3 +283,30 @@ def test_queue_name(resolved: Resolved, limit: int, delimiter: str, name: str) -
     """Queue name: the nexthop, or localpart@nexthop without extension when the recipient limit
     is 1 (not for error/retry); always lowercased."""
     assert queue_name(resolved, recipient_limit=limit, recipient_delimiter=delimiter) == name
+
+
+def test_sender_dependent_relayhost_overrides_relayhost() -> None:
+    """sender_dependent_relayhost_maps: address, then @domain, then <> for the null sender."""
+    table = {
+        "alice@src.test": "[alice-relay]:587",
+        "@src.test": "[src-relay]",
+        "<>": "[bounce-relay]",
+    }
+    settings = ResolverSettings(relayhost="[main-relay]", sender_relayhost=table.get)
+    r = Resolver(settings)
+    assert r.resolve("u@x.test", sender="alice@src.test").nexthop == "[alice-relay]:587"
+    assert r.resolve("u@x.test", sender="bob@src.test").nexthop == "[src-relay]"
+    assert r.resolve("u@x.test", sender="").nexthop == "[bounce-relay]"
+    assert r.resolve("u@x.test", sender="carol@other.test").nexthop == "[main-relay]"
+    assert r.resolve("u@x.test").nexthop == "[main-relay]"  # sender unknown
+
+
+def test_transport_map_nexthop_wins_over_sender_dependent_relayhost() -> None:
+    """An explicit transport_maps nexthop is not overridden by the sender's relayhost."""
+    settings = ResolverSettings(
+        transport_table=TransportTable.from_specs([("inline:{ x.test=smtp:[mapped] }", "")]),
+        sender_relayhost={"@src.test": "[src-relay]"}.get,
+    )
+    r = Resolver(settings)
+    assert r.resolve("u@x.test", sender="a@src.test").nexthop == "[mapped]"
+    assert r.resolve("u@y.test", sender="a@src.test").nexthop == "[src-relay]"
