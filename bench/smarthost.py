@@ -63,7 +63,7 @@ def _sink(certdir: str, tls: bool) -> None:
     """Child process: aiosmtpd smarthost; port on stdout, counters as JSON at stdin EOF."""
     import warnings
 
-    warnings.simplefilter("ignore", DeprecationWarning)  # aiosmtpd's own login_data notice
+    warnings.simplefilter("ignore")  # aiosmtpd's notices (login_data deprecation) on stderr
     from aiosmtpd.smtp import SMTP, AuthResult, Envelope, Session
 
     counters = {"connections": 0, "tls": 0, "auth": 0, "messages": 0, "cpu_s": 0.0}
