@@ -136,13 +136,16 @@ class Connector:
         s = self.settings
         relay = ep.relay
         family = socket.AF_INET6 if ":" in ep.addr else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        # Without TCP_NODELAY the end-of-data line waits for the delayed ACK of the content
-        # (Nagle): 40 ms per message. asyncio sets it only on sockets it creates itself.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
         bind = s.bind_address6 if family == socket.AF_INET6 else s.bind_address
         try:
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        except OSError as exc:  # no IPv6 on this host, or out of descriptors
+            return Failure("4.4.1", f"connect to {relay}: {exc.strerror or exc}", relay, True)
+        try:
+            # Without TCP_NODELAY the end-of-data line waits for the delayed ACK of the content
+            # (Nagle): 40 ms per message. asyncio sets it only on sockets it creates itself.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
             if bind:
                 sock.bind((bind, 0))
             await asyncio.wait_for(
@@ -157,6 +160,9 @@ class Connector:
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             where = f" from {bind}" if bind and exc.errno == errno.EADDRNOTAVAIL else ""
             return Failure("4.4.1", f"connect to {relay}{where}: {reason}", relay, True)
+        except BaseException:
+            sock.close()
+            raise
         self.stats.connections += 1
         return sock
 

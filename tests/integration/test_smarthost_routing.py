@@ -197,3 +197,15 @@ async def test_defer_if_no_mx_address_found() -> None:
         soft = await defer.lookup(Destination("dangling.test", 25, mx=True))
     assert isinstance(hard, DnsFailure) and hard.dsn == "5.4.4"
     assert isinstance(soft, DnsFailure) and soft.dsn == "4.4.4" and soft.transient
+
+
+async def test_bind_address6_is_used_for_ipv6_only() -> None:
+    """smtp_bind_address6 applies to IPv6 connections (an address not on this host fails at
+    bind, before any packet is sent), and smtp_bind_address never does."""
+    settings = _settings(bind_address="127.0.0.1", bind_address6="2001:db8::7")
+    agent = SmtpAgent(settings)
+    result = await agent.deliver(make_request(f"[::1]:{_dead_port()}", ["a@x.test"]))
+    await agent.close()
+    rcpt = result.recipients[0]
+    assert (rcpt.outcome, rcpt.dsn) == (Outcome.DEFERRED, "4.4.1")
+    assert "from 2001:db8::7" in rcpt.reply or "Address family not supported" in rcpt.reply
