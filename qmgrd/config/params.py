@@ -377,7 +377,7 @@ _TABLE: tuple[Param, ...] = (
         "smtp_fallback_relay",
         _L,
         "$fallback_relay",
-        "destinations tried after the MX hosts of a domain",
+        "destinations tried when the nexthop is unreachable or not found",
     ),
     Param("smtp_helo_name", _S, "$myhostname", "host name sent in EHLO/HELO"),
     Param(

@@ -7,9 +7,10 @@ Contract
 
 - ``credentials(sender, dest, ep)`` finds ``username:password`` in
   ``smtp_sasl_password_maps``: with ``smtp_sender_dependent_authentication``
-  first by sender (the address, then ``@domain``), then by destination:
-  ``[host]:port`` (the nexthop as written), ``[host]``, the server's host name,
-  then the nexthop domain. No entry: no AUTH (as Postfix).
+  first by sender (the address, then ``@domain``), then by destination: for
+  ``[host]:port`` nexthops ``[host]:port`` and ``[host]``; then the server's
+  host name; then the nexthop as written and its domain. No entry: no AUTH
+  (as Postfix).
 - ``mechanisms(offered, tls)`` keeps the server's mechanisms we implement
   (CRAM-MD5, PLAIN, LOGIN, strongest first) that pass
   ``smtp_sasl_mechanism_filter`` and the security options in force
