@@ -197,7 +197,10 @@ class SaslClient:
     @staticmethod
     async def _exchange(command: Command, mech: str, creds: Credentials) -> SMTPResponse:
         stage = "performing the SASL authentication"
-        user, password = creds.username, creds.password
+        # Bytes as read from the table (surrogateescape): encoding can never raise an
+        # exception whose repr would carry the password into a log line.
+        user = creds.username.encode("utf-8", "surrogateescape")
+        password = creds.password.encode("utf-8", "surrogateescape")
         if mech == "PLAIN":
             response = await command(stage, b"AUTH", b"PLAIN", auth_plain_encode(user, password))
             if response.code == 334:  # a server that wants the response on its own line

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import ssl
+import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -214,3 +216,26 @@ async def test_mandatory_protocols_refuse_old_servers(ca: trustme.CA) -> None:
         "4.7.5",
     )
     assert default.recipients[0].outcome is Outcome.SENT
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to hash the CA")
+async def test_verify_with_capath_directory(ca: trustme.CA, tmp_path: Path) -> None:
+    """smtp_tls_CApath: a hashed CA directory is trusted (and an empty one is not)."""
+    pem = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(pem))
+    digest = subprocess.run(
+        ["openssl", "x509", "-hash", "-noout", "-in", str(pem)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.strip()
+    trusted, empty = tmp_path / "certs", tmp_path / "empty"
+    trusted.mkdir()
+    empty.mkdir()
+    shutil.copy(pem, trusted / f"{digest}.0")
+    async with smtp_sink(SinkConfig(tls_context=_server(ca, "127.0.0.1"))) as sink:
+        ok, _ = await _deliver(_settings("verify", tls_capath=str(trusted)), sink.nexthop)
+        bad, _ = await _deliver(_settings("verify", tls_capath=str(empty)), sink.nexthop)
+    assert ok.recipients[0].outcome is Outcome.SENT
+    assert (bad.recipients[0].outcome, bad.recipients[0].dsn) == (Outcome.DEFERRED, "4.7.5")

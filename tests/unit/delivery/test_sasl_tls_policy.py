@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,37 @@ def test_policy_map_lookup_and_attributes() -> None:
     for name in ("bad.example", "odd.example"):
         failure = client.policy_for(Destination(name, 25, mx=True))
         assert isinstance(failure, Failure) and failure.dsn == "4.7.5"
+
+
+def test_cert_match_parameters_choose_the_names() -> None:
+    """smtp_tls_verify_cert_match / smtp_tls_secure_cert_match decide which names are accepted."""
+    cert = {"subjectAltName": (("DNS", "example.org"),)}  # the domain, not the MX host name
+    default = TlsClient(level="verify")
+    by_nexthop = TlsClient(level="verify", verify_cert_match=("nexthop",))
+    strict_secure = TlsClient(level="secure", secure_cert_match=("hostname",))
+    for client, expected in ((default, False), (by_nexthop, True)):
+        policy = client.default_policy()
+        assert client.check_peer(policy, cert, MX_DEST, MX_EP) is expected
+    secure = strict_secure.default_policy()
+    assert secure.match == ("hostname",)
+    assert not strict_secure.check_peer(secure, cert, MX_DEST, MX_EP)
+    assert TlsClient(level="secure").check_peer(
+        TlsClient(level="secure").default_policy(), cert, MX_DEST, MX_EP
+    )
+
+
+async def test_undecodable_password_is_sent_as_its_bytes_and_never_shown() -> None:
+    """A password with bytes that are not UTF-8 is sent as those bytes; no exception shows it."""
+    from aiosmtplib import SMTPResponse
+
+    secret = b"pa\xffss".decode("utf-8", "surrogateescape")
+    sent: list[bytes] = []
+
+    async def command(stage: str, *args: bytes) -> SMTPResponse:
+        sent.extend(args)
+        return SMTPResponse(235, "2.7.0 ok")
+
+    client = _client("x=u:p", security_options=("noanonymous",))
+    failure = await client.authenticate(command, Credentials("u", secret), ["PLAIN"], True, "r")
+    assert failure is None
+    assert base64.b64decode(sent[-1]) == b"\0u\0pa\xffss"
