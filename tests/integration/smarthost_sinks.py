@@ -3,7 +3,8 @@
 ``smarthost_sink(SmarthostConfig(...))`` starts a ``SinkServer`` (see sinks.py)
 whose sessions also:
 
-- offer AUTH PLAIN and LOGIN (aiosmtpd's) with ``users`` (login → password);
+- offer AUTH PLAIN and LOGIN (aiosmtpd's), and CRAM-MD5 with ``cram_md5``,
+  with ``users`` (login → password);
   ``auth_require_tls`` hides AUTH until STARTTLS, ``auth_required`` refuses
   MAIL with 530 until a client authenticated; every attempt is recorded in
   ``auth_attempts`` as (mechanism, login, password, tls) so a test can check
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ class SmarthostConfig:
     auth_required: bool = True
     auth_require_tls: bool = True
     implicit_tls: ssl.SSLContext | None = None
+    cram_md5: bool = False  # also offer CRAM-MD5 (checked against ``users``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,20 @@ class _SmarthostSMTP(_SinkSMTP):
     async def smtp_EHLO(self, hostname: str) -> None:
         self._smarthost.helo_names.append(hostname)
         await super().smtp_EHLO(hostname)
+
+    async def auth_CRAM__MD5(self, _server: Any, args: list[str]) -> AuthResult:
+        challenge = b"<1896.697170952@smarthost.test>"
+        response = await self.challenge_auth(challenge)
+        if not isinstance(response, bytes):
+            return AuthResult(success=False)
+        login, _sep, digest = response.decode("utf-8", "replace").partition(" ")
+        secret = self._smarthost.smarthost.users.get(login)
+        expected = hmac.new(secret.encode(), challenge, "md5").hexdigest() if secret else None
+        ok = expected is not None and hmac.compare_digest(expected, digest)
+        self._smarthost.auth_attempts.append(
+            AuthAttempt("CRAM-MD5", login, "", self.session.ssl is not None, ok)
+        )
+        return AuthResult(success=ok, handled=False)
 
 
 class SmarthostServer(SinkServer):
@@ -106,6 +123,7 @@ class SmarthostServer(SinkServer):
             authenticator=self._authenticate,
             auth_required=self.smarthost.auth_required,
             auth_require_tls=self.smarthost.auth_require_tls,
+            auth_exclude_mechanism=[] if self.smarthost.cram_md5 else ["CRAM-MD5"],
             loop=asyncio.get_running_loop(),
         )
 

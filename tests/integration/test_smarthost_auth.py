@@ -214,3 +214,25 @@ def test_world_readable_password_map_warns(tmp_path: Path) -> None:
     assert str(secrets) in settings.warnings[0] and "other users" in settings.warnings[0]
     secrets.chmod(0o600)
     assert SmtpSettings.from_transport(cfg.transport("smtp")).warnings == ()
+
+
+async def test_cram_md5_never_sends_the_password(tmp_path: Path) -> None:
+    """Under the default options CRAM-MD5 is used even without TLS: the password never crosses."""
+    cfg = SmarthostConfig(
+        users={"relayuser": PASSWORD}, auth_required=False, auth_require_tls=False, cram_md5=True
+    )
+    async with smarthost_sink(cfg) as sink:
+        entries = f"{sink.nexthop} relayuser:{PASSWORD}\n"
+        settings = _settings(
+            tmp_path,
+            entries,
+            tls_security_level="none",
+            sasl_security_options=("noplaintext", "noanonymous"),
+        )
+        agent = SmtpAgent(settings)
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert [(a.mechanism, a.login, a.password, a.tls, a.ok) for a in sink.auth_attempts] == [
+        ("CRAM-MD5", "relayuser", "", False, True)
+    ]
