@@ -81,9 +81,8 @@ class _SmarthostSMTP(_SinkSMTP):
         secret = self._smarthost.smarthost.users.get(login)
         expected = hmac.new(secret.encode(), challenge, "md5").hexdigest() if secret else None
         ok = expected is not None and hmac.compare_digest(expected, digest)
-        self._smarthost.auth_attempts.append(
-            AuthAttempt("CRAM-MD5", login, "", self.session.ssl is not None, ok)
-        )
+        tls = self.session is not None and self.session.ssl is not None
+        self._smarthost.auth_attempts.append(AuthAttempt("CRAM-MD5", login, "", tls, ok))
         return AuthResult(success=ok, handled=False)
 
 
