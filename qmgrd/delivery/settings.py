@@ -231,7 +231,17 @@ def _readable_by_others(tv: TransportView, name: str) -> list[str]:
 
 
 def _fallback_relay(tv: TransportView) -> tuple[str, ...]:
-    """``smtp_fallback_relay`` (defaults to the obsolete ``fallback_relay``), syntax-checked."""
+    """``smtp_fallback_relay`` (defaults to the obsolete ``fallback_relay``), syntax-checked.
+
+    ``relayhost`` is checked here too: the SMTP agent is what parses it, and a bad one
+    would otherwise defer every message at delivery time instead of stopping the start.
+    """
+    relayhost = tv.get_str("relayhost")
+    if relayhost:
+        try:
+            parse_nexthop(relayhost)
+        except ConfigError as exc:
+            raise ConfigError(f"relayhost: {exc}") from None
     relays = tv.get_list("smtp_fallback_relay")
     if relays:
         try:

@@ -43,6 +43,8 @@ def _agents_error(tmp_path: Path, main: str) -> str:
         ),
         ("smtp_sasl_auth_enable = yes\n", ["smtp_sasl_password_maps"]),
         ("smtp_fallback_relay = [unbalanced\n", ["smtp_fallback_relay"]),
+        ("relayhost = [smtp.example.net:587\n", ["relayhost", "unbalanced"]),
+        ("relayhost = [smtp.example.net]:99999\n", ["relayhost", "port"]),
         ("smtp_tls_policy_maps = hash:/etc/nope\n", ["smtp_tls_policy_maps", "hash"]),
         ("smtp_helo_name = bad name\n", ["smtp_helo_name"]),
     ],
