@@ -21,6 +21,7 @@ readable by other users).
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -202,6 +203,26 @@ def _tables(tv: TransportView, name: str) -> tuple[LookupTable, ...]:
         except ConfigError as exc:
             raise ConfigError(f"{name}: {exc}") from None
     return tuple(tables)
+
+
+def open_lookup(tv: TransportView, name: str) -> Callable[[str], str | None] | None:
+    """The tables of list parameter ``name`` as one lookup (first table with the key wins).
+
+    None when the parameter is empty. For the resolver's ``sender_relayhost``
+    (``sender_dependent_relayhost_maps``): tables are read here, so the core's calls do no I/O.
+    """
+    tables = _tables(tv, name)
+    if not tables:
+        return None
+
+    def lookup(key: str) -> str | None:
+        for table in tables:
+            found = table.lookup(key)
+            if found is not None:
+                return found
+        return None
+
+    return lookup
 
 
 def _table_files(tv: TransportView, name: str) -> list[Path]:

@@ -9,7 +9,7 @@ import trustme
 
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_agents
-from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.delivery.settings import SmtpSettings, open_lookup
 from qmgrd.delivery.smtp import SmtpAgent
 from qmgrd.errors import ConfigError
 
@@ -104,3 +104,20 @@ def test_valid_smarthost_config_builds_agents(tmp_path: Path) -> None:
     agent = create_agents(cfg)["smtp"]
     assert isinstance(agent, SmtpAgent)
     assert agent.settings.sasl_auth_enable and agent.settings.tls_security_level == "verify"
+
+
+def test_open_lookup_searches_tables_in_order(tmp_path: Path) -> None:
+    """open_lookup chains a list parameter's tables: the first table holding the key wins."""
+    (tmp_path / "relays").write_text("@src.test [file-relay]\nbob@src.test [bob-relay]\n")
+    (tmp_path / "main.cf").write_text(
+        f"queue_directory = {tmp_path / 'spool'}\n"
+        "smtp_tls_policy_maps = inline:{ @src.test=[inline-relay] }, texthash:relays\n"
+    )
+    (tmp_path / "master.cf").write_text("smtp unix - - n - - smtp\n")
+    cfg = load_config(tmp_path, hostname="mx.test")
+    lookup = open_lookup(cfg, "smtp_tls_policy_maps")
+    assert lookup is not None
+    assert lookup("@SRC.test") == "[inline-relay]"
+    assert lookup("bob@src.test") == "[bob-relay]"
+    assert lookup("nobody@else.test") is None
+    assert open_lookup(cfg, "smtp_sasl_password_maps") is None
