@@ -77,16 +77,18 @@ LISTEN = (
     "set smtpd_listen instead and remove it"
 )
 BIND = (
-    "qmgrd's SMTP client does not choose its source address (the kernel's routing does); remove it"
+    "qmgrd's SMTP client binds smtp_bind_address / smtp_bind_address6 when set but has no "
+    "enforcement mode; remove it"
 )
 CLIENT_TLS = (
-    "qmgrd's SMTP client implements smtp_tls_security_level (none, may, encrypt), "
-    "smtp_tls_CAfile and smtp_tls_connection_reuse only, so this TLS policy would not apply; "
-    "remove it, or express the policy with smtp_tls_security_level"
+    "qmgrd's SMTP client implements the TLS parameters in its table (smtp_tls_security_level "
+    "none to secure, CAfile/CApath, cert match, mandatory protocols, wrappermode, policy maps) "
+    "but not this one, so this TLS policy would not apply; remove it, or express the policy "
+    "with those parameters"
 )
 CLIENT_SASL = (
-    "qmgrd's SMTP client does not authenticate to the next hop (no SMTP AUTH), so the relay "
-    "would treat the mail differently; remove it"
+    "qmgrd's SMTP client authenticates with smtp_sasl_password_maps and its own SASL code "
+    "(no Cyrus or Dovecot plug-ins, no auth cache), so this setting would not apply; remove it"
 )
 SERVER_TLS = (
     "qmgrd's listener has no TLS (it is meant for loopback clients), so clients would talk "

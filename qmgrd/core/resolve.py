@@ -21,7 +21,10 @@ Routing rules, in order of precedence (transport(5), postconf(5) ``default_trans
 3. A table value ``transport:nexthop`` may leave either part empty: an empty transport means the
    default route's transport, an empty nexthop means the default route's nexthop.
 4. The default route: ``default_transport`` (``transport[:nexthop]``); its nexthop if it has one,
-   else ``relayhost`` if set, else the recipient domain.
+   else the sender-dependent relayhost (``sender_dependent_relayhost_maps``: the sender address,
+   then ``@domain``; ``<>`` for the null sender), else ``relayhost`` if set, else the recipient
+   domain. ``relayhost`` (and a sender-dependent one) may list several destinations; the SMTP
+   agent tries them in order.
 5. ``error`` and ``retry`` keep their nexthop as DSN text, given a default status code if it has
    none (5.0.0 / 4.0.0).
 6. A transport listed in ``defer_transports`` becomes ``retry`` "4.3.2 deferred transport" unless
@@ -102,7 +105,9 @@ class ResolverSettings:
     """The configuration the resolver needs, parsed once (a reload builds a new one).
 
     ``recipient_delimiter`` (an addition to the agreed interface, with a harmless default) enables
-    the ``user@domain`` lookup of ``user+ext@domain``.
+    the ``user@domain`` lookup of ``user+ext@domain``. ``sender_relayhost`` looks one key up in
+    ``sender_dependent_relayhost_maps`` (tables read when opened: the call does no I/O); None
+    when there are none.
     """
 
     default_transport: str = "smtp"
@@ -110,6 +115,7 @@ class ResolverSettings:
     transport_table: TransportTable = EMPTY
     defer_transports: frozenset[str] = frozenset()
     recipient_delimiter: str = ""
+    sender_relayhost: Callable[[str], str | None] | None = None
 
 
 class Resolver:
@@ -133,11 +139,11 @@ class Resolver:
         """The settings this resolver was built with."""
         return self._settings
 
-    def resolve(self, address: str, *, flush: bool = False) -> Resolved:
+    def resolve(self, address: str, *, flush: bool = False, sender: str | None = None) -> Resolved:
         """Route one recipient address (rules in the module doc). Never raises for bad input.
 
         ``flush`` is true while a message is being flushed (``qmgrd flush``): it lifts
-        ``defer_transports``.
+        ``defer_transports``. ``sender`` (None = unknown) selects a sender-dependent relayhost.
         """
         settings = self._settings
         stripped = address.strip()
@@ -165,10 +171,23 @@ class Resolver:
         if transport in _DEFAULT_TEXT:
             nexthop = _dsn_text(transport, explicit)
         else:
-            nexthop = explicit or settings.relayhost or domain
+            nexthop = explicit or self._sender_relayhost(sender) or settings.relayhost or domain
         if transport in settings.defer_transports and not flush:
             return Resolved(RETRY_TRANSPORT, DEFERRED_TRANSPORT, address)
         return Resolved(transport, nexthop, address)
+
+    def _sender_relayhost(self, sender: str | None) -> str:
+        """The sender-dependent relayhost: the address, then ``@domain`` (``<>`` if null)."""
+        lookup = self._settings.sender_relayhost
+        if lookup is None or sender is None:
+            return ""
+        if not sender:
+            return (lookup("<>") or "").strip()
+        found = lookup(sender)
+        at = sender.rfind("@")
+        if found is None and at >= 0:
+            found = lookup(sender[at:])
+        return (found or "").strip()
 
 
 def queue_name(resolved: Resolved, *, recipient_limit: int, recipient_delimiter: str = "") -> str:
@@ -201,16 +220,20 @@ def _domain_of(address: str) -> str | None:
     """The lowercased domain of a syntactically plausible ``local@domain``, else None.
 
     Deliberately lenient (the listener already enforced RFC 5321 on input): it rejects only what
-    cannot be routed: no ``@``, an empty localpart or domain, whitespace or control characters,
-    and malformed domains.
+    cannot be routed: no ``@``, an empty localpart or domain, control characters, whitespace
+    outside a quoted local part (``"sp ace"@d`` is valid, RFC 5321 §4.1.2), and malformed
+    domains.
     """
     at = address.rfind("@")
     if at <= 0 or at == len(address) - 1:
         return None
-    if any(ch.isspace() or ord(ch) < 0x20 or ch == "\x7f" for ch in address):
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in address):
         return None
     local, domain = address[:at], address[at + 1 :]
-    if "@" in local and not (local.startswith('"') and local.endswith('"')):
+    quoted = len(local) >= 2 and local.startswith('"') and local.endswith('"')
+    if not quoted and any(ch.isspace() for ch in local):
+        return None
+    if "@" in local and not quoted:
         return None
     if domain.startswith("["):
         return domain.lower() if _LITERAL_RE.match(domain) else None

@@ -14,7 +14,15 @@ to try or a ``DnsFailure`` (a value, never an exception, per STYLE §6):
 - NXDOMAIN: permanent 5.4.4; SERVFAIL, timeout or no usable resolver:
   transient 4.4.3; no MX records: the name's own A/AAAA;
 - MX hosts whose addresses cannot be found are skipped; if none has an
-  address, the error is transient if any lookup was transient, else 5.4.4;
+  address, the error is transient if any lookup was transient, else 5.4.4
+  (4.4.4 with ``smtp_defer_if_no_mx_address_found``);
+- a failed MX lookup (SERVFAIL, timeout) defers, unless
+  ``ignore_mx_lookup_error``: then the name's own addresses are used;
+- ordering (``order_endpoints``): shuffled within a preference, then sorted by
+  preference and, at equal preference, by ``smtp_address_preference``
+  (``ipv4`` / ``ipv6`` first; ``any`` keeps the shuffle); with
+  ``smtp_balance_inet_protocols`` a list of both families that is longer than
+  ``smtp_mx_address_limit`` keeps addresses of both within the limit;
 - hostile answers stay cheap: hosts are resolved best preference first
   (shuffled within a preference when randomizing) and only until
   ``address_limit`` addresses (``smtp_mx_address_limit``) are known, and never
@@ -181,6 +189,11 @@ class MxResolver:
         rng: random.Random | None = None,
         randomize: bool = True,
         address_limit: int = 0,
+        *,
+        address_preference: str = "any",
+        balance_inet_protocols: bool = True,
+        ignore_mx_lookup_error: bool = False,
+        defer_if_no_mx_address_found: bool = False,
     ) -> None:
         """Build the resolver; an empty ``nameservers`` uses the system configuration.
 
@@ -190,6 +203,10 @@ class MxResolver:
         self._rng = rng or random.Random()
         self._randomize = randomize
         self._address_limit = address_limit
+        self._preference = address_preference
+        self._balance = balance_inet_protocols
+        self._ignore_mx_error = ignore_mx_lookup_error
+        self._defer_no_address = defer_if_no_mx_address_found
         self._setup_error: str | None = None
         if nameservers:
             self._resolver = dns.asyncresolver.Resolver(configure=False)
@@ -235,7 +252,12 @@ class MxResolver:
                 return found
             return self._order([Endpoint(name, a, dest.port) for a in found])
         except (dns.exception.DNSException, OSError) as exc:
-            return _temp_failure(name, "MX", exc)
+            if not self._ignore_mx_error:
+                return _temp_failure(name, "MX", exc)
+            found = await self._addresses(name)
+            if isinstance(found, DnsFailure):
+                return found
+            return self._order([Endpoint(name, a, dest.port) for a in found])
         records = [(int(r.preference), r.exchange.to_text(omit_final_dot=True)) for r in answer]
         if any(host in ("", ".") for _, host in records):
             return DnsFailure("5.1.0", f"Domain {name} does not accept mail (nullMX)")
@@ -260,9 +282,14 @@ class MxResolver:
         for failure in failures:
             if failure.transient:
                 return failure
-        if failures:
-            return failures[0]
-        return DnsFailure("5.4.4", f"no MX host for {name} has an address")
+        failure = (
+            failures[0]
+            if failures
+            else DnsFailure("5.4.4", f"no MX host for {name} has an address")
+        )
+        if self._defer_no_address:
+            return DnsFailure("4.4.4", failure.reason)
+        return failure
 
     async def _addresses(self, host: str) -> list[str] | DnsFailure:
         """A and AAAA records of ``host``; a failure only when neither gave an address."""
@@ -297,11 +324,57 @@ class MxResolver:
         )
 
     def _order(self, endpoints: list[Endpoint]) -> list[Endpoint]:
-        """Shuffle (if configured), then stable-sort by preference (notes §10.3)."""
+        """Shuffle (if configured), then order as ``order_endpoints`` does (notes §10.3)."""
         if self._randomize and len(endpoints) > 1:
             self._rng.shuffle(endpoints)
-        endpoints.sort(key=lambda ep: ep.pref)
-        return endpoints
+        return order_endpoints(
+            endpoints,
+            preference=self._preference,
+            balance=self._balance,
+            limit=self._address_limit,
+        )
+
+
+def _is_v6(ep: Endpoint) -> bool:
+    return ":" in ep.addr
+
+
+def order_endpoints(
+    endpoints: list[Endpoint], *, preference: str = "any", balance: bool = True, limit: int = 0
+) -> list[Endpoint]:
+    """Stable-sort by MX preference and address family, then balance the families.
+
+    ``preference`` ``ipv4`` / ``ipv6`` puts that family first among addresses of
+    equal MX preference. With ``balance`` and a list of both families longer
+    than ``limit`` (> 0), each family keeps at least half the limit (or all it
+    has, if fewer), in list order, so the client can try both before it runs
+    into ``smtp_mx_address_limit`` (Postfix smtp_balance_inet_proto).
+    """
+
+    def family_rank(ep: Endpoint) -> int:
+        if preference == "ipv4":
+            return 1 if _is_v6(ep) else 0
+        if preference == "ipv6":
+            return 0 if _is_v6(ep) else 1
+        return 0
+
+    ordered = sorted(endpoints, key=lambda ep: (ep.pref, family_rank(ep)))
+    v6 = sum(1 for ep in ordered if _is_v6(ep))
+    v4 = len(ordered) - v6
+    if not balance or limit <= 0 or len(ordered) <= limit or v4 == 0 or v6 == 0:
+        return ordered
+    v4_target = min(v4, max(limit - v6, limit // 2))
+    v6_target = min(v6, limit - v4_target)
+    v4_target = limit - v6_target
+    kept: list[Endpoint] = []
+    counts = {False: 0, True: 0}
+    targets = {False: v4_target, True: v6_target}
+    for ep in ordered:
+        family = _is_v6(ep)
+        if counts[family] < targets[family]:
+            counts[family] += 1
+            kept.append(ep)
+    return kept
 
 
 def _temp_failure(name: str, rdtype: str, exc: BaseException) -> DnsFailure:

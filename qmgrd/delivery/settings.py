@@ -10,20 +10,35 @@ Defaults are Postfix 3.x's (notes §12). Times are seconds (float, so tests
 may use fractions). Two settings are ours: ``smtp_dns_nameservers`` (empty =
 the system resolver) and ``dns_timeout`` (the per-query resolver lifetime,
 not a configuration parameter: Postfix leaves it to resolv.conf).
+
+Lookup tables (``smtp_sasl_password_maps``, ``smtp_tls_policy_maps``) are
+opened by ``from_transport`` (relative paths from the configuration directory),
+so a missing or malformed table is a ``ConfigError`` at start or reload.
+``warnings`` carries what the agent logs when it is created (a password map
+readable by other users).
 """
 
 from __future__ import annotations
 
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
+from qmgrd.delivery.mx import parse_nexthop
+from qmgrd.delivery.tlspolicy import check_level
 from qmgrd.errors import ConfigError
+from qmgrd.tables import LookupTable, open_table
 
-TLS_LEVELS = frozenset({"none", "may", "encrypt", "verify"})
+ADDRESS_PREFERENCES = ("any", "ipv4", "ipv6")
 
 
 class TransportView(Protocol):
     """The part of ``qmgrd.config.TransportConfig`` these settings read."""
+
+    @property
+    def config_dir(self) -> Path: ...
 
     def get_str(self, name: str) -> str: ...
     def get_int(self, name: str) -> int: ...
@@ -62,14 +77,54 @@ class SmtpSettings:
     connection_reuse_time_limit: float = 300.0
     connection_reuse_count_limit: int = 0
     soft_bounce: bool = False
+    # TLS (tlspolicy.py)
+    tls_capath: str = ""
+    tls_verify_cert_match: tuple[str, ...] = ("hostname",)
+    tls_secure_cert_match: tuple[str, ...] = ("nexthop", "dot-nexthop")
+    tls_mandatory_protocols: str = ">=TLSv1"
+    tls_wrappermode: bool = False
+    tls_policy_maps: tuple[LookupTable, ...] = ()
+    tls_loglevel: int = 0
+    # SASL (sasl.py)
+    sasl_auth_enable: bool = False
+    sasl_password_maps: tuple[LookupTable, ...] = ()
+    sasl_security_options: tuple[str, ...] = ("noplaintext", "noanonymous")
+    sasl_tls_security_options: tuple[str, ...] | None = None  # None: as sasl_security_options
+    sasl_mechanism_filter: tuple[str, ...] = ()
+    sender_dependent_authentication: bool = False
+    sasl_auth_soft_bounce: bool = True
+    # Routing and addresses
+    fallback_relay: tuple[str, ...] = ()
+    bind_address: str = ""
+    bind_address6: str = ""
+    address_preference: str = "any"
+    balance_inet_protocols: bool = True
+    ignore_mx_lookup_error: bool = False
+    defer_if_no_mx_address_found: bool = False
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject values that would make the client misbehave silently."""
-        if self.tls_security_level not in TLS_LEVELS:
+        check_level(self.tls_security_level, "smtp_tls_security_level")
+        if self.tls_wrappermode and self.tls_security_level in ("none", "may"):
             raise ConfigError(
-                f"smtp_tls_security_level: unknown level {self.tls_security_level!r} "
-                f"(expected one of {', '.join(sorted(TLS_LEVELS))})"
+                "smtp_tls_wrappermode = yes requires smtp_tls_security_level = encrypt "
+                f"or stronger (it is {self.tls_security_level!r})"
             )
+        if not self.helo_name or any(
+            ch.isspace() or ord(ch) < 0x21 or ord(ch) >= 0x7F for ch in self.helo_name
+        ):
+            raise ConfigError(
+                f"smtp_helo_name: {self.helo_name!r} is not a host name "
+                "(it must be printable ASCII without spaces)"
+            )
+        if self.address_preference not in ADDRESS_PREFERENCES:
+            raise ConfigError(
+                f"smtp_address_preference: {self.address_preference!r} "
+                f"(expected one of {', '.join(ADDRESS_PREFERENCES)})"
+            )
+        if self.tls_loglevel < 0:
+            raise ConfigError("smtp_tls_loglevel must be >= 0")
         if self.mx_address_limit < 0 or self.mx_session_limit < 0:
             raise ConfigError("smtp_mx_address_limit / smtp_mx_session_limit must be >= 0")
         if self.connection_reuse_count_limit < 0:
@@ -78,11 +133,12 @@ class SmtpSettings:
     @classmethod
     def from_transport(cls, tv: TransportView) -> SmtpSettings:
         """Build the settings of one master.cf service from its configuration view."""
+        password_maps = _tables(tv, "smtp_sasl_password_maps")
         return cls(
             helo_name=tv.get_str("smtp_helo_name"),
             dns_nameservers=tv.get_list("smtp_dns_nameservers"),
             tls_security_level=tv.get_str("smtp_tls_security_level") or "none",
-            tls_cafile=tv.get_str("smtp_tls_CAfile"),
+            tls_cafile=_path(tv, "smtp_tls_CAfile"),
             tls_connection_reuse=tv.get_bool("smtp_tls_connection_reuse"),
             connect_timeout=tv.get_time("smtp_connect_timeout"),
             helo_timeout=tv.get_time("smtp_helo_timeout"),
@@ -104,4 +160,113 @@ class SmtpSettings:
             connection_reuse_time_limit=tv.get_time("smtp_connection_reuse_time_limit"),
             connection_reuse_count_limit=tv.get_int("smtp_connection_reuse_count_limit"),
             soft_bounce=tv.get_bool("soft_bounce"),
+            tls_capath=_path(tv, "smtp_tls_CApath"),
+            tls_verify_cert_match=tv.get_list("smtp_tls_verify_cert_match"),
+            tls_secure_cert_match=tv.get_list("smtp_tls_secure_cert_match"),
+            tls_mandatory_protocols=tv.get_str("smtp_tls_mandatory_protocols"),
+            tls_wrappermode=tv.get_bool("smtp_tls_wrappermode"),
+            tls_policy_maps=_tables(tv, "smtp_tls_policy_maps"),
+            tls_loglevel=tv.get_int("smtp_tls_loglevel"),
+            sasl_auth_enable=tv.get_bool("smtp_sasl_auth_enable"),
+            sasl_password_maps=password_maps,
+            sasl_security_options=tv.get_list("smtp_sasl_security_options"),
+            sasl_tls_security_options=tv.get_list("smtp_sasl_tls_security_options"),
+            sasl_mechanism_filter=tv.get_list("smtp_sasl_mechanism_filter"),
+            sender_dependent_authentication=tv.get_bool("smtp_sender_dependent_authentication"),
+            sasl_auth_soft_bounce=tv.get_bool("smtp_sasl_auth_soft_bounce"),
+            fallback_relay=_fallback_relay(tv),
+            bind_address=tv.get_str("smtp_bind_address"),
+            bind_address6=tv.get_str("smtp_bind_address6"),
+            address_preference=tv.get_str("smtp_address_preference"),
+            balance_inet_protocols=tv.get_bool("smtp_balance_inet_protocols"),
+            ignore_mx_lookup_error=tv.get_bool("ignore_mx_lookup_error"),
+            defer_if_no_mx_address_found=tv.get_bool("smtp_defer_if_no_mx_address_found"),
+            warnings=tuple(_readable_by_others(tv, "smtp_sasl_password_maps")),
         )
+
+
+def _path(tv: TransportView, name: str) -> str:
+    """A file or directory parameter, relative to the configuration directory."""
+    text = tv.get_str(name)
+    if not text:
+        return ""
+    path = Path(text)
+    return str(path if path.is_absolute() else tv.config_dir / path)
+
+
+def _tables(tv: TransportView, name: str) -> tuple[LookupTable, ...]:
+    """Open every table of a list parameter; ConfigError naming the parameter."""
+    tables: list[LookupTable] = []
+    for spec in tv.get_list(name):
+        try:
+            tables.append(open_table(spec, base_dir=tv.config_dir))
+        except ConfigError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+    return tuple(tables)
+
+
+def open_lookup(tv: TransportView, name: str) -> Callable[[str], str | None] | None:
+    """The tables of list parameter ``name`` as one lookup (first table with the key wins).
+
+    None when the parameter is empty. For the resolver's ``sender_relayhost``
+    (``sender_dependent_relayhost_maps``): tables are read here, so the core's calls do no I/O.
+    """
+    tables = _tables(tv, name)
+    if not tables:
+        return None
+
+    def lookup(key: str) -> str | None:
+        for table in tables:
+            found = table.lookup(key)
+            if found is not None:
+                return found
+        return None
+
+    return lookup
+
+
+def _table_files(tv: TransportView, name: str) -> list[Path]:
+    out = []
+    for spec in tv.get_list(name):
+        kind, _sep, rest = spec.partition(":")
+        if kind not in ("inline", "static") and rest:
+            path = Path(rest)
+            out.append(path if path.is_absolute() else tv.config_dir / path)
+    return out
+
+
+def _readable_by_others(tv: TransportView, name: str) -> list[str]:
+    """A warning per table file that users other than the owner and group may read."""
+    warnings = []
+    for path in _table_files(tv, name):
+        try:
+            mode = path.stat().st_mode
+        except OSError:
+            continue
+        if mode & stat.S_IROTH:
+            warnings.append(
+                f"{name}: {path} is readable by other users (mode {stat.S_IMODE(mode):04o}); "
+                f"it holds passwords: chmod o-rwx {path}"
+            )
+    return warnings
+
+
+def _fallback_relay(tv: TransportView) -> tuple[str, ...]:
+    """``smtp_fallback_relay`` (defaults to the obsolete ``fallback_relay``), syntax-checked.
+
+    ``relayhost`` is checked here too: the SMTP agent is what parses it, and a bad one
+    would otherwise defer every message at delivery time instead of stopping the start.
+    """
+    relayhost = tv.get_str("relayhost")
+    if relayhost:
+        try:
+            parse_nexthop(relayhost)
+        except ConfigError as exc:
+            raise ConfigError(f"relayhost: {exc}") from None
+    relays = tv.get_list("smtp_fallback_relay")
+    if relays:
+        try:
+            parse_nexthop(" ".join(relays))
+        except ConfigError as exc:
+            raise ConfigError(f"smtp_fallback_relay: {exc}") from None
+    return relays

@@ -82,9 +82,9 @@ def test_reload_refuses_start_only_and_unsupported_changes(tmp_path: Path) -> No
         main_cf.write_text(original.replace("../spool", "../other-spool"))
         proc.send_signal(signal.SIGHUP)
         _wait_for(fd, b"queue_directory cannot change on reload", seen)
-        main_cf.write_text(original + "smtp_sasl_auth_enable = yes\n")
+        main_cf.write_text(original + "body_checks = regexp:/etc/qmgrd/body_checks\n")
         proc.send_signal(signal.SIGHUP)
-        _wait_for(fd, b"parameter smtp_sasl_auth_enable: qmgrd does not implement", seen)
+        _wait_for(fd, b"parameter body_checks: qmgrd does not implement", seen)
         assert seen.count(b"reload refused") == 2
         assert not (tmp_path / "other-spool").exists()
         proc.send_signal(signal.SIGTERM)

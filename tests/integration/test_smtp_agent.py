@@ -295,7 +295,7 @@ async def test_content_read_error_defers_without_hop() -> None:
 
 
 async def test_unexpected_exception_becomes_deferral() -> None:
-    """An unexpected exception inside the agent is returned as a 4.3.0 deferral, never raised."""
+    """An unexpected exception in the agent is a per-message 4.3.0 deferral, not a hop failure."""
 
     class ExplodingResolver:
         async def lookup(self, dest: object) -> object:
@@ -305,7 +305,7 @@ async def test_unexpected_exception_becomes_deferral() -> None:
     result = await agent.deliver(make_request("example.test", ["a@x.test", "b@x.test"]))
     await agent.close()
     assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.0")}
-    assert result.hop is not None
+    assert result.hop is None
 
 
 async def test_cancelled_delivery_closes_its_connection() -> None:

@@ -170,6 +170,17 @@ def test_bad_and_null_addresses_go_to_error(address: str, nexthop: str) -> None:
     assert resolver().resolve(address) == Resolved("error", nexthop, address)
 
 
+@pytest.mark.parametrize("address", ['"sp ace"@x.test', '" "@x.test', '"a\\ b"@x.test'])
+def test_quoted_local_part_with_space_is_routed_unchanged(address: str) -> None:
+    """A quoted local part may contain spaces (RFC 5321 §4.1.2): routed, address unchanged."""
+    assert Resolver(ResolverSettings()).resolve(address) == Resolved("smtp", "x.test", address)
+
+
+def test_control_character_is_bad_syntax_even_quoted() -> None:
+    """A control character is bad syntax even inside a quoted local part."""
+    assert Resolver(ResolverSettings()).resolve('"a\x1bb"@x.test').transport == "error"
+
+
 def test_quoted_local_part_with_at_sign_is_accepted() -> None:
     """A quoted local part may contain '@'; the domain is after the last '@'."""
     assert Resolver(ResolverSettings()).resolve('"a@b"@x.test').nexthop == "x.test"
@@ -232,3 +243,30 @@ def test_queue_name(resolved: Resolved, limit: int, delimiter: str, name: str) -
     """Queue name: the nexthop, or localpart@nexthop without extension when the recipient limit
     is 1 (not for error/retry); always lowercased."""
     assert queue_name(resolved, recipient_limit=limit, recipient_delimiter=delimiter) == name
+
+
+def test_sender_dependent_relayhost_overrides_relayhost() -> None:
+    """sender_dependent_relayhost_maps: address, then @domain, then <> for the null sender."""
+    table = {
+        "alice@src.test": "[alice-relay]:587",
+        "@src.test": "[src-relay]",
+        "<>": "[bounce-relay]",
+    }
+    settings = ResolverSettings(relayhost="[main-relay]", sender_relayhost=table.get)
+    r = Resolver(settings)
+    assert r.resolve("u@x.test", sender="alice@src.test").nexthop == "[alice-relay]:587"
+    assert r.resolve("u@x.test", sender="bob@src.test").nexthop == "[src-relay]"
+    assert r.resolve("u@x.test", sender="").nexthop == "[bounce-relay]"
+    assert r.resolve("u@x.test", sender="carol@other.test").nexthop == "[main-relay]"
+    assert r.resolve("u@x.test").nexthop == "[main-relay]"  # sender unknown
+
+
+def test_transport_map_nexthop_wins_over_sender_dependent_relayhost() -> None:
+    """An explicit transport_maps nexthop is not overridden by the sender's relayhost."""
+    settings = ResolverSettings(
+        transport_table=TransportTable.from_specs([("inline:{ x.test=smtp:[mapped] }", "")]),
+        sender_relayhost={"@src.test": "[src-relay]"}.get,
+    )
+    r = Resolver(settings)
+    assert r.resolve("u@x.test", sender="a@src.test").nexthop == "[mapped]"
+    assert r.resolve("u@y.test", sender="a@src.test").nexthop == "[src-relay]"

@@ -1,0 +1,357 @@
+"""Opening an SMTP client session: connect, greeting, EHLO, TLS, AUTH (notes §10).
+
+``Connector.open(ep, dest, policy, creds)`` returns a ready ``Session`` or a
+site-level ``Failure`` (a destination failure: it may become a hop status):
+
+1. TCP connect (``smtp_connect_timeout``) from ``smtp_bind_address`` /
+   ``smtp_bind_address6`` when set, with TCP_NODELAY;
+2. with ``smtp_tls_wrappermode`` the TLS handshake right away (SMTPS, 465);
+3. greeting and EHLO (``smtp_helo_timeout``; HELO if EHLO is refused);
+4. otherwise STARTTLS per the destination's ``TlsPolicy``: ``may`` goes on in
+   plaintext when it is not offered or refused, and reconnects in plaintext
+   after a failed handshake (the ``Fallback`` value); the mandatory levels defer
+   with 4.7.4 / 4.7.5;
+5. after TLS, the certificate check of ``verify``/``secure`` and the
+   ``smtp_tls_loglevel`` line ("Verified TLS connection established to ...");
+6. AUTH when credentials were found and the server offers AUTH (``SaslClient``).
+
+``Session.key`` is the connection-cache key: the nexthop label, the endpoint,
+whether TLS is on and the SASL user, so an authenticated session is only
+reused for mail that would authenticate as the same user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiosmtplib
+from aiosmtplib import SMTPResponse
+
+from qmgrd.delivery.mx import Destination, Endpoint
+from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text
+from qmgrd.delivery.sasl import Credentials, SaslClient
+from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.delivery.tlspolicy import TlsClient, TlsPolicy, describe
+
+CacheKey = tuple[str, str, str, int, bool, str]
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """An established SMTP session after the handshake (TLS and AUTH included)."""
+
+    smtp: aiosmtplib.SMTP
+    endpoint: Endpoint
+    label: str
+    tls: bool
+    created: float
+    user: str = ""  # SASL user the session authenticated as ("" = none)
+    reuse_count: int = 0
+
+    @property
+    def key(self) -> CacheKey:
+        """The connection-cache key (module doc)."""
+        ep = self.endpoint
+        return (self.label, ep.host, ep.addr, ep.port, self.tls, self.user)
+
+    def supports(self, extension: str) -> bool:
+        """Whether the server's EHLO reply advertised ``extension``."""
+        return self.smtp.supports_extension(extension)
+
+
+@dataclass(slots=True, eq=False)
+class SmtpStats:
+    """Counters for tests and benchmarks."""
+
+    connections: int = 0  # TCP connections opened
+    tls_handshakes: int = 0  # TLS handshakes completed
+    reused: int = 0  # sessions taken from the cache and probed successfully
+    deliveries: int = 0
+
+
+class Fallback:
+    """``may``: the TLS handshake failed, reconnect in plaintext."""
+
+
+FALLBACK = Fallback()
+
+
+async def run_command(session: Session, stage: str, timeout: float, *args: bytes) -> SMTPResponse:
+    """Run one command; a lost connection or timeout raises ``Lost`` (4.4.2, site)."""
+    relay = session.endpoint.relay
+    try:
+        return await session.smtp.execute_command(*args, timeout=timeout)
+    except aiosmtplib.SMTPTimeoutError:
+        raise Lost(
+            Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
+        ) from None
+    except (aiosmtplib.SMTPException, OSError) as exc:
+        raise Lost(
+            Failure("4.4.2", f"lost connection with {relay} while {stage}: {exc}", relay, True)
+        ) from None
+
+
+class Connector:
+    """Opens sessions for one SMTP agent (shared settings, TLS and SASL clients)."""
+
+    def __init__(
+        self,
+        settings: SmtpSettings,
+        tls: TlsClient,
+        sasl: SaslClient,
+        stats: SmtpStats,
+        clock: Callable[[], float],
+        log: Any,
+    ) -> None:
+        """Keep the collaborators; nothing is opened here."""
+        self.settings = settings
+        self.tls = tls
+        self.sasl = sasl
+        self.stats = stats
+        self.clock = clock
+        self.log = log
+
+    async def open(
+        self,
+        ep: Endpoint,
+        dest: Destination,
+        policy: TlsPolicy,
+        creds: Credentials | None,
+    ) -> Session | Failure:
+        """A ready session to ``ep``, or a site-level failure (module doc)."""
+        opened = await self._open(ep, dest, policy, creds)
+        if isinstance(opened, Fallback):
+            opened = await self._open(ep, dest, TlsPolicy("none"), creds)
+        assert not isinstance(opened, Fallback)
+        return opened
+
+    async def _connect(self, ep: Endpoint) -> socket.socket | Failure:
+        s = self.settings
+        relay = ep.relay
+        family = socket.AF_INET6 if ":" in ep.addr else socket.AF_INET
+        bind = s.bind_address6 if family == socket.AF_INET6 else s.bind_address
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        except OSError as exc:  # no IPv6 on this host, or out of descriptors
+            return Failure("4.4.1", f"connect to {relay}: {exc.strerror or exc}", relay, True)
+        try:
+            # Without TCP_NODELAY the end-of-data line waits for the delayed ACK of the content
+            # (Nagle): 40 ms per message. asyncio sets it only on sockets it creates itself.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setblocking(False)
+            if bind:
+                sock.bind((bind, 0))
+            await asyncio.wait_for(
+                asyncio.get_running_loop().sock_connect(sock, (ep.addr, ep.port)),
+                s.connect_timeout,
+            )
+        except TimeoutError:
+            sock.close()
+            return Failure("4.4.1", f"connect to {relay}: Connection timed out", relay, True)
+        except OSError as exc:
+            sock.close()
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            where = f" from {bind}" if bind and exc.errno == errno.EADDRNOTAVAIL else ""
+            return Failure("4.4.1", f"connect to {relay}{where}: {reason}", relay, True)
+        except BaseException:
+            sock.close()
+            raise
+        self.stats.connections += 1
+        return sock
+
+    async def _open(
+        self,
+        ep: Endpoint,
+        dest: Destination,
+        policy: TlsPolicy,
+        creds: Credentials | None,
+    ) -> Session | Failure | Fallback:
+        s = self.settings
+        relay = ep.relay
+        created = self.clock()
+        sock = await self._connect(ep)
+        if isinstance(sock, Failure):
+            return sock
+        wrapper = s.tls_wrappermode and policy.level != "none"
+        smtp = aiosmtplib.SMTP(
+            sock=sock,
+            hostname=ep.host,
+            local_hostname=s.helo_name,
+            start_tls=False,
+            use_tls=wrapper,
+            tls_context=self.tls.context(policy) if wrapper else None,
+            validate_certs=False,  # the context decides; names are checked by TlsClient
+            timeout=s.helo_timeout,
+        )
+        try:
+            await smtp.connect(timeout=s.helo_timeout)
+        except aiosmtplib.SMTPConnectResponseError as exc:
+            smtp.close()
+            dsn = reply_dsn(exc.code, exc.message)
+            if dsn.startswith("5") and s.skip_5xx_greeting:
+                dsn = "4" + dsn[1:]
+            text = f"host {relay} refused to talk to me: {exc.code} {exc.message}"
+            return Failure(dsn, text, relay, True)
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            smtp.close()
+            cause = exc.__cause__ if wrapper else None
+            if isinstance(cause, ssl.SSLError):
+                return self._handshake_failure(cause, relay)
+            timed_out = isinstance(exc, aiosmtplib.SMTPTimeoutError)
+            what = "timed out" if timed_out else "lost connection"
+            stage = "receiving the initial server greeting"
+            text = (
+                f"conversation with {relay} timed out while {stage}"
+                if timed_out
+                else f"{what} with {relay} while {stage}"
+            )
+            return Failure("4.4.2", text, relay, True)
+        session = Session(smtp, ep, dest.label, tls=wrapper, created=created)
+        try:
+            if wrapper:
+                self.stats.tls_handshakes += 1
+                failure = self._check_tls(session, dest, policy)
+                if failure is not None:
+                    smtp.close()
+                    return failure
+            await self.hello(session)
+            if not wrapper and policy.level != "none":
+                result = await self._starttls(session, dest, policy)
+                if result is not None:
+                    smtp.close()
+                    return result
+            if creds is not None and session.supports("auth"):
+                failure = await self.sasl.authenticate(
+                    lambda stage, *args: run_command(session, stage, s.helo_timeout, *args),
+                    creds,
+                    smtp.server_auth_methods,
+                    session.tls,
+                    relay,
+                )
+                if failure is not None:
+                    await self._quit_quietly(session)
+                    return failure
+                session.user = creds.username
+        except Lost as lost:
+            smtp.close()
+            return lost.failure
+        self.log.debug("connected", relay=relay, tls=session.tls, auth=bool(session.user))
+        return session
+
+    async def hello(self, session: Session) -> None:
+        """EHLO, or HELO if EHLO is refused; a refusal is a site-level failure (``Lost``)."""
+        s = self.settings
+        relay = session.endpoint.relay
+        helo = s.helo_name.encode("ascii")
+        response = await run_command(session, "sending EHLO", s.helo_timeout, b"EHLO", helo)
+        if response.code == 250:
+            session.smtp.last_ehlo_response = response
+            return
+        if response.code != 421:
+            response = await run_command(session, "sending HELO", s.helo_timeout, b"HELO", helo)
+            if response.code == 250:
+                session.smtp.last_helo_response = response
+                return
+        raise Lost(
+            Failure(
+                reply_dsn(response.code, response.message),
+                f"host {relay} refused to talk to me: {reply_text(response)}",
+                relay,
+                True,
+            )
+        )
+
+    async def _starttls(
+        self, session: Session, dest: Destination, policy: TlsPolicy
+    ) -> Failure | Fallback | None:
+        """STARTTLS per policy: None = go on, FALLBACK = retry in plaintext, or a failure."""
+        s = self.settings
+        relay = session.endpoint.relay
+        if not session.supports("starttls"):
+            if policy.mandatory:
+                return Failure(
+                    "4.7.4", f"TLS is required, but was not offered by host {relay}", relay, True
+                )
+            return None
+        try:
+            await session.smtp.starttls(
+                tls_context=self.tls.context(policy),
+                server_hostname=session.endpoint.host,
+                timeout=s.starttls_timeout,
+            )
+        except aiosmtplib.SMTPResponseException as exc:
+            if not policy.mandatory and session.smtp.is_connected:
+                return None  # STARTTLS refused: carry on in plaintext
+            return Failure(
+                "4.7.5",
+                f"STARTTLS refused by host {relay}: {exc.code} {exc.message}",
+                relay,
+                True,
+            )
+        except (aiosmtplib.SMTPException, ssl.SSLError, OSError) as exc:
+            if not policy.mandatory:
+                self.log.debug("tls handshake failed, falling back", relay=relay, error=str(exc))
+                return FALLBACK
+            cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
+            if isinstance(cause, ssl.SSLError):
+                return self._handshake_failure(cause, relay)
+            return Failure(
+                "4.7.5", f"Cannot start TLS with {relay}: handshake failure: {exc}", relay, True
+            )
+        session.tls = True
+        self.stats.tls_handshakes += 1
+        failure = self._check_tls(session, dest, policy)
+        if failure is not None:
+            return failure
+        await self.hello(session)
+        return None
+
+    def _handshake_failure(self, exc: ssl.SSLError, relay: str) -> Failure:
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            detail = f"num={exc.verify_code}:{exc.verify_message}"
+            self.log.warning(
+                f"Untrusted TLS connection to {relay} not established: "
+                f"server certificate verification failed: {detail}"
+            )
+            return Failure("4.7.5", "Server certificate not trusted", relay, True)
+        reason = exc.reason or str(exc)
+        self.log.warning(f"TLS handshake with {relay} failed: {reason}")
+        return Failure("4.7.5", f"Cannot start TLS: handshake failure ({reason})", relay, True)
+
+    def _check_tls(self, session: Session, dest: Destination, policy: TlsPolicy) -> Failure | None:
+        """Check the peer certificate against the policy and log the result line."""
+        relay = session.endpoint.relay
+        ssl_object = session.smtp.get_transport_info("ssl_object")
+        summary = describe(ssl_object)
+        authenticated = policy.level in ("verify", "secure")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if authenticated:
+            peercert = ssl_object.getpeercert() if ssl_object is not None else None
+            if not self.tls.check_peer(policy, peercert, dest, session.endpoint):
+                self.log.warning(f"Trusted TLS connection established to {relay}: {summary}")
+                self.log.warning(
+                    f"server certificate verification failed for {relay}: "
+                    f"name mismatch (policy match: {', '.join(policy.match) or 'none'})"
+                )
+                return Failure("4.7.5", "Server certificate not verified", relay, True)
+            trust = "Verified"
+        else:
+            trust = "Untrusted" if der else "Anonymous"
+        if self.settings.tls_loglevel >= 1:
+            self.log.info(f"{trust} TLS connection established to {relay}: {summary}")
+        return None
+
+    async def _quit_quietly(self, session: Session) -> None:
+        try:
+            await session.smtp.execute_command(b"QUIT", timeout=self.settings.quit_timeout)
+        except (aiosmtplib.SMTPException, OSError):
+            pass
+        finally:
+            session.smtp.close()

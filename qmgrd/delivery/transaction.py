@@ -1,0 +1,248 @@
+"""One SMTP mail transaction on an open session: MAIL, RCPT, DATA (notes §10.4).
+
+``wire_address(address, smtputf8)`` is the address exactly as it goes on the
+wire, or the reason it cannot go: a control character (even one the client
+escaped in a quoted local part: aiosmtplib refuses them, and RFC 5321 §4.1.2
+allows none), bytes that are not UTF-8, or 8-bit characters in a message
+without SMTPUTF8. An address is never changed on the way out; one that cannot
+be sent as is fails that message (sender) or that recipient, permanently, and
+is never a destination failure. The agent checks every address before it
+connects.
+
+``Transaction(settings).run(attempt, session)`` sends the pending recipients'
+transaction and returns whether the session may be reused. Replies to MAIL,
+RCPT and DATA are recipient or message results; 421 and lost connections are
+site-level (``Lost``).
+
+Content streaming: aiosmtplib's ``data()`` wants the whole message, so DATA is
+driven at the protocol level: ``DATA`` via ``execute_command``, then chunks
+encoded by ``content.DataEncoder`` written to the protocol with flow control
+(the protocol's drain helper, the mechanism ``StreamWriter.drain`` uses), then
+the final reply read with ``read_response``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiosmtplib
+from aiosmtplib import SMTPResponse
+
+from qmgrd.delivery.agent import DeliveryRequest
+from qmgrd.delivery.attempt import Attempt
+from qmgrd.delivery.content import DataEncoder
+from qmgrd.delivery.replies import Failure, Lost, dsn_param, reply_dsn, reply_text
+from qmgrd.delivery.session import Session, run_command
+from qmgrd.delivery.settings import SmtpSettings
+
+
+class ContentError(Exception):
+    """The content could not be read from the queue: a local problem, not the server's."""
+
+
+def wire_address(address: str, smtputf8: bool) -> bytes | str:
+    """The address's bytes as received, or why it cannot be sent as is."""
+    raw = address.encode("utf-8", "surrogateescape")
+    if any(b < 0x20 or b == 0x7F for b in raw):
+        return "it contains a control character"
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "it is not valid UTF-8"
+    if not smtputf8 and not raw.isascii():
+        return "it has 8-bit characters but the message was not received with SMTPUTF8"
+    return raw
+
+
+def check_addresses(att: Attempt) -> dict[int, bytes] | None:
+    """Wire forms of the pending recipients; bad ones (or all, for a bad sender) bounce."""
+    req = att.request
+    sender = wire_address(req.sender, req.smtputf8)
+    if isinstance(sender, str):
+        att.fail_pending(Failure("5.1.7", f"sender address cannot be sent as is: {sender}", "none"))
+        return None
+    out: dict[int, bytes] = {}
+    for idx, rcpt in list(att.pending.items()):
+        wire = wire_address(rcpt.address, req.smtputf8)
+        if isinstance(wire, str):
+            att.fail(idx, Failure("5.1.3", f"recipient address cannot be sent as is: {wire}"))
+        else:
+            out[idx] = wire
+    return out
+
+
+class Transaction:
+    """MAIL, RCPT and DATA with the agent's timeouts."""
+
+    def __init__(self, settings: SmtpSettings) -> None:
+        """Keep the settings (timeouts)."""
+        self.settings = settings
+
+    async def run(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
+        """The transaction for the pending recipients; True if the session is reusable."""
+        try:
+            return await self._steps(att, session, wire)
+        except Lost as lost:
+            session.smtp.close()
+            att.fail_pending(lost.failure)
+            return False
+        except ContentError as exc:
+            session.smtp.close()
+            att.fail_pending(Failure("4.3.0", f"error reading message content: {exc}"))
+            return False
+
+    async def _steps(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
+        s = self.settings
+        req = att.request
+        relay = session.endpoint.relay
+        host = f"host {relay}"
+
+        def said(response: SMTPResponse, command: str) -> Failure:
+            return Failure(
+                reply_dsn(response.code, response.message),
+                f"{host} said: {reply_text(response)} (in reply to {command} command)",
+                relay,
+                site=response.code == 421,
+            )
+
+        if req.smtputf8 and not session.supports("smtputf8"):
+            att.fail_pending(
+                Failure("5.6.7", f"SMTPUTF8 is required, but was not offered by {host}", relay)
+            )
+            return True
+        size_limit = session.smtp.esmtp_extensions.get("size", "")
+        if size_limit.isdigit() and 0 < int(size_limit) < req.content.size:
+            att.fail_pending(
+                Failure(
+                    "5.3.4",
+                    f"message size {req.content.size} exceeds size limit {size_limit} "
+                    f"of server {relay}",
+                    relay,
+                )
+            )
+            return True
+
+        dsn_ext = session.supports("dsn")
+        options: list[bytes] = []
+        if session.supports("size"):
+            options.append(f"SIZE={req.content.size}".encode())
+        if req.body_8bitmime and session.supports("8bitmime"):
+            options.append(b"BODY=8BITMIME")
+        if req.smtputf8:
+            options.append(b"SMTPUTF8")
+        if dsn_ext and req.ret:
+            options.append(f"RET={req.ret}".encode())
+        if dsn_ext and req.envid:
+            options.append(f"ENVID={dsn_param(req.envid)}".encode())
+
+        sender = req.sender.encode("utf-8", "surrogateescape")  # checked by check_addresses
+        response = await run_command(
+            session,
+            "sending MAIL FROM",
+            s.mail_timeout,
+            b"MAIL",
+            b"FROM:<" + sender + b">",
+            *options,
+        )
+        if response.code == 421:
+            raise Lost(said(response, "MAIL FROM"))
+        if response.code // 100 != 2:
+            att.fail_pending(said(response, "MAIL FROM"))
+            att.completed = True
+            return await self._reset(session)
+
+        accepted: list[int] = []
+        for idx, rcpt in list(att.pending.items()):
+            rcpt_options: list[bytes] = []
+            if dsn_ext and rcpt.notify:
+                rcpt_options.append(("NOTIFY=" + ",".join(sorted(rcpt.notify))).encode())
+            if dsn_ext and rcpt.orcpt:
+                addr_type, _, addr = rcpt.orcpt.partition(";")
+                rcpt_options.append(f"ORCPT={addr_type};{dsn_param(addr)}".encode())
+            response = await run_command(
+                session,
+                "sending RCPT TO",
+                s.rcpt_timeout,
+                b"RCPT",
+                b"TO:<" + wire[idx] + b">",
+                *rcpt_options,
+            )
+            if response.code == 421:
+                raise Lost(said(response, "RCPT TO"))
+            if response.code // 100 == 2:
+                accepted.append(idx)
+            else:
+                att.fail(idx, said(response, "RCPT TO"))
+        if not accepted:
+            att.completed = True
+            return await self._reset(session)
+
+        response = await run_command(session, "sending DATA", s.data_init_timeout, b"DATA")
+        if response.code == 421:
+            raise Lost(said(response, "DATA"))
+        if response.code != 354:
+            for idx in accepted:
+                att.fail(idx, said(response, "DATA"))
+            att.completed = True
+            return await self._reset(session)
+
+        response = await self._send_content(session, req)
+        if response.code == 421:
+            raise Lost(said(response, "end of DATA"))
+        att.completed = True
+        if response.code // 100 == 2:
+            for idx in accepted:
+                att.sent(idx, response, relay)
+            return True
+        for idx in accepted:
+            att.fail(idx, said(response, "end of DATA"))
+        return True
+
+    async def _reset(self, session: Session) -> bool:
+        """RSET after a failed transaction so the session can be reused."""
+        try:
+            response = await run_command(
+                session, "sending RSET", self.settings.rset_timeout, b"RSET"
+            )
+        except Lost:
+            return False
+        return response.code == 250
+
+    async def _send_content(self, session: Session, req: DeliveryRequest) -> SMTPResponse:
+        """Stream the content after 354 and read the final reply."""
+        s = self.settings
+        relay = session.endpoint.relay
+        protocol = session.smtp.protocol
+        if protocol is None:
+            raise Lost(
+                Failure(
+                    "4.4.2", f"lost connection with {relay} while sending message body", relay, True
+                )
+            )
+        encoder = DataEncoder()
+        stage = "sending message body"
+        try:
+            iterator = aiter(req.content.chunks())
+            while True:
+                try:
+                    chunk = await anext(iterator)
+                except StopAsyncIteration:
+                    break
+                except Exception as exc:
+                    raise ContentError(str(exc)) from exc
+                data = encoder.feed(chunk)
+                if data:
+                    protocol.write(data)
+                    # Flow control: wait while the transport buffer is over its high mark.
+                    await asyncio.wait_for(protocol._drain_helper(), s.data_xfer_timeout)
+            protocol.write(encoder.finish())
+            stage = "sending end of data -- message may be sent more than once"
+            return await protocol.read_response(timeout=s.data_done_timeout)
+        except (TimeoutError, aiosmtplib.SMTPTimeoutError):
+            raise Lost(
+                Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
+            ) from None
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            raise Lost(
+                Failure("4.4.2", f"lost connection with {relay} while {stage}: {exc}", relay, True)
+            ) from None
