@@ -269,11 +269,11 @@ def _wire_lines(line: bytes) -> list[bytes]:
 def _attachment(content: bytes, limit: int, headers_only: bool) -> tuple[bytes, bool]:
     """The bytes to attach and whether they are the whole message (else headers only).
 
-    Postfix's rule: headers only when RET=HDRS or the message is larger than the
-    limit; the copy stops at the first non-header line (headers only) and never
+    Postfix's rule: headers only when RET=HDRS or the message is empty or larger
+    than the limit; the copy stops at the first non-header line (headers only) and never
     exceeds ``limit`` bytes (whole lines only).
     """
-    whole = not headers_only and len(content) <= limit
+    whole = not headers_only and 0 < len(content) <= limit  # Postfix: empty = headers
     prefix = content[: limit + 2]  # enough to see whether the line at the limit ends
     raw_lines = prefix.split(b"\n")
     if len(prefix) < len(content) or raw_lines[-1] == b"":

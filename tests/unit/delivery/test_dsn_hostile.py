@@ -247,6 +247,13 @@ def test_default_limit_is_postfix_50000() -> None:
     assert _split(_compose(over)).parts[2].header.get_content_type() == "text/rfc822-headers"
 
 
+def test_empty_original_gets_an_empty_headers_part() -> None:
+    """An empty original is returned as an empty text/rfc822-headers part, as Postfix does."""
+    part = _split(_compose(b"")).parts[2]
+    assert part.header.get_content_type() == "text/rfc822-headers"
+    assert part.content == b""
+
+
 def test_ret_hdrs_attaches_headers_only() -> None:
     """Without the full content (RET=HDRS, delay notices) only the header section is attached."""
     original = b"Subject: x\r\n\tcontinued\r\nTo: b@example.com\r\n\r\nSecret body\r\n"
