@@ -373,6 +373,7 @@ class Run:
 
     relay: str
     shape: Shape
+    round: int
     messages: int
     elapsed: float
     relay_cpu: Usage
@@ -385,7 +386,7 @@ class Run:
         """Messages per second."""
         return self.messages / self.elapsed
 
-    def line(self, rnd: int) -> str:
+    def line(self) -> str:
         """One human-readable line."""
         n = self.messages
         parts = sorted(self.relay_cpu.by_name.items(), key=lambda kv: -kv[1])
@@ -393,7 +394,7 @@ class Run:
             f"{name}={cpu * 1000 / n:.2f}" for name, cpu in parts if cpu * 1000 / n >= 0.005
         )
         return (
-            f"{self.shape.name:<9} round={rnd} {self.relay:<7} {self.rate:6.0f} msg/s "
+            f"{self.shape.name:<9} round={self.round} {self.relay:<7} {self.rate:6.0f} msg/s "
             f"{self.rate * self.shape.rcpts:7.0f} rcpt/s  wall={self.elapsed:6.2f}s  "
             f"cpu ms/msg: relay={self.relay_cpu.total_cpu * 1000 / n:.2f} [{per}] "
             f"sink={self.sink_cpu * 1000 / n:.2f} source={self.source_cpu * 1000 / n:.2f}  "
@@ -408,7 +409,9 @@ def _cpu(pid: int) -> float:
     return found.cpu if found else 0.0
 
 
-def run_once(relay: Relay, shape: Shape, args: argparse.Namespace, tools: dict[str, str]) -> Run:
+def run_once(
+    relay: Relay, shape: Shape, rnd: int, args: argparse.Namespace, tools: dict[str, str]
+) -> Run:
     """Sinks, relay, smtp-source, wait for the last status=sent; everything stopped after."""
     root = Path(tempfile.mkdtemp(prefix=f"bench-{relay.name}-"))
     sink_ports = [free_port() for _ in range(shape.dests)]
@@ -456,6 +459,7 @@ def run_once(relay: Relay, shape: Shape, args: argparse.Namespace, tools: dict[s
         return Run(
             relay.name,
             shape,
+            rnd,
             args.m,
             tail.last_sent - t0,
             usage,
@@ -486,19 +490,20 @@ def summary(runs: Sequence[Run], relays: Sequence[str]) -> list[str]:
     out = ["", "shape | " + " | ".join(f"{r} msg/s  cpu ms/msg" for r in relays) + " | ratio"]
     for shape in dict.fromkeys(run.shape for run in runs):
         cells = []
-        rates: dict[str, list[float]] = {}
         for relay in relays:
             mine = [r for r in runs if r.shape == shape and r.relay == relay]
-            rates[relay] = [r.rate for r in mine]
             if mine:
                 cpu = [r.relay_cpu.total_cpu * 1000 / r.messages for r in mine]
-                cells.append(f"{_spread(rates[relay])}  {_spread(cpu, '{:.2f}')}")
+                cells.append(f"{_spread([r.rate for r in mine])}  {_spread(cpu, '{:.2f}')}")
             else:
                 cells.append("-")
-        ratio = "-"
-        if "qmgrd" in rates and "postfix" in rates and rates["postfix"]:
-            ratios = [q / p for q, p in zip(rates["qmgrd"], rates["postfix"], strict=False)]
-            ratio = _spread(ratios, "{:.2f}") if ratios else "-"
+        by_round = {(r.relay, r.round): r.rate for r in runs if r.shape == shape}
+        ratios = [
+            rate / by_round[("postfix", rnd)]
+            for (relay, rnd), rate in by_round.items()
+            if relay == "qmgrd" and ("postfix", rnd) in by_round
+        ]
+        ratio = _spread(ratios, "{:.2f}") if ratios else "-"
         out.append(f"{shape.label} | " + " | ".join(cells) + f" | {ratio}")
     return out
 
@@ -520,8 +525,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:
         print(f"{' and '.join(missing)} not found: apt-get install postfix", file=sys.stderr)
         return 2
-    shapes = [SHAPES[name] for name in args.shapes.split(",") if name]
+    names = [name for name in args.shapes.split(",") if name]
     relays = [name for name in args.relays.split(",") if name]
+    if not names or any(name not in SHAPES for name in names):
+        parser.error(f"--shapes: choose from {', '.join(SHAPES)}")
+    if not relays or any(name not in ("qmgrd", "postfix") for name in relays):
+        parser.error("--relays: choose from qmgrd, postfix")
+    shapes = [SHAPES[name] for name in names]
     if "postfix" in relays and (not tools["postfix"] or os.geteuid() != 0):
         print("postfix: not installed or not root; running qmgrd only", file=sys.stderr)
         relays.remove("postfix")
@@ -533,17 +543,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     runs: list[Run] = []
+    failed = 0
     for shape in shapes:
         for rnd in range(1, args.rounds + 1):
             for name in relays:
                 relay: Relay = Qmgrd() if name == "qmgrd" else Postfix(found["postfix"])
-                run = run_once(relay, shape, args, found)
+                try:
+                    run = run_once(relay, shape, rnd, args, found)
+                except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    failed += 1
+                    print(f"{shape.name:<9} round={rnd} {name:<7} FAILED: {exc}", flush=True)
+                    continue
                 runs.append(run)
-                print(run.line(rnd), flush=True)
+                print(run.line(), flush=True)
     for line in summary(runs, relays):
         print(line)
     print(f"loadavg at end={os.getloadavg()[0]:.1f}")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
