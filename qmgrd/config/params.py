@@ -294,6 +294,13 @@ _TABLE: tuple[Param, ...] = (
         at_most="maximal_queue_lifetime",
     ),
     Param(
+        "bounce_size_limit",
+        _I,
+        "50000",
+        "maximal bytes of the original returned in a notice (larger: headers only)",
+        minimum=1,
+    ),
+    Param(
         "delay_warning_time",
         _T,
         "0h",

@@ -36,6 +36,7 @@ class EngineSettings:
     shutdown_timeout: float
     recipient_delimiter: str
     double_bounce_sender: str
+    bounce_size_limit: int = 50000  # bytes of the original a notice may return (compose_dsn)
 
 
 def engine_settings(cfg: Config) -> EngineSettings:
@@ -54,6 +55,7 @@ def engine_settings(cfg: Config) -> EngineSettings:
         shutdown_timeout=float(cfg.get_time("shutdown_timeout")),
         recipient_delimiter=cfg.get_str("recipient_delimiter"),
         double_bounce_sender=cfg.get_str("double_bounce_sender"),
+        bounce_size_limit=cfg.get_int("bounce_size_limit"),
     )
 
 

@@ -10,8 +10,24 @@ complete ``multipart/report; report-type=delivery-status`` message:
    ``Arrival-Date``) and one block per recipient (``Final-Recipient``,
    ``Original-Recipient``, ``Action``, ``Status``, ``Remote-MTA``,
    ``Diagnostic-Code``, ``Last-Attempt-Date``, ``Will-Retry-Until``);
-3. the original message: ``message/rfc822`` when the full content is given,
-   else ``text/rfc822-headers`` (RET=HDRS, delay notices, or too large).
+3. the original message: ``message/rfc822`` when the full content is given and
+   fits in ``bounce_size_limit`` bytes, else ``text/rfc822-headers`` (RET=HDRS,
+   delay notices, or too large), cut after the last whole line that fits.
+
+Theory of operation (containment, issue 9): the original is untrusted bytes.
+It is never parsed nor re-serialised (CPython's header folding loops for ever
+on some headers, gh-138223, and raises on others); it is copied line by line:
+line ends made CRLF, NUL and bare CR replaced by ``?``, lines over 998 octets
+broken with CRLF SP (as Postfix's ``smtp_line_length_limit`` does). Only a
+prefix of ``bounce_size_limit`` + 2 bytes is ever looked at, so the work is
+linear in the limit, whatever the message size. Our own parts are written by
+hand from masked text: control characters become ``?``, the delivery-status
+part is ASCII only (non-ASCII addresses as RFC 6533 ``utf-8`` xtext), long
+values are folded at white space and hard-broken below 998 octets. The
+boundary is derived from a hash of every part and checked not to occur in
+any of them. Each part declares 7bit or 8bit from its bytes; so does the top
+level. Composition cannot raise on any content (only on a bad call: no
+recipients).
 
 ``wants_notice`` / ``filter_notify`` apply DSN NOTIFY (RFC 3461 §4.1): NEVER
 suppresses every notice; an explicit list without FAILURE (or DELAY) suppresses
@@ -20,18 +36,22 @@ that kind; no NOTIFY means Postfix's default (failure and delay notices).
 
 from __future__ import annotations
 
-import email
-import email.policy
 import email.utils
-from collections.abc import Iterable, Sequence
+import hashlib
+import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.message import EmailMessage, Message
 from typing import Literal
 
 from qmgrd.delivery.agent import Recipient
 
 NoticeKind = Literal["failure", "delay", "success"]
+
+BOUNCE_SIZE_LIMIT = 50000  # Postfix's bounce_size_limit default
+MAX_LINE = 998  # RFC 5322 §2.1.1, without the CRLF
+_WRAP = 79  # Postfix's bounce_print_wrap width
+_INDENT = "    "  # Postfix's continuation indent for wrapped report lines
 
 _NOTIFY_KEYWORD: dict[NoticeKind, str] = {
     "failure": "FAILURE",
@@ -77,18 +97,70 @@ class DsnRecipient:
             raise ValueError(f"bad DSN status {self.status!r}")
 
 
-def _typed(address: str) -> str:
-    return address if ";" in address else f"rfc822; {address}"
+# ---------------------------------------------------------------- our own text
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_NON_ASCII_PRINTABLE = re.compile(r"[^\x20-\x7e]")
+_XTEXT_UNSAFE = re.compile(r"[^\x21-\x2a\x2c-\x3c\x3e-\x5b\x5d-\x7e]")
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    """Whitespace runs (CR and LF included) collapsed; control characters masked."""
+    return _CONTROL.sub("?", " ".join(text.split()))
+
+
+def _ascii(text: str) -> str:
+    """One line of printable ASCII (what message/delivery-status fields may hold)."""
+    return _NON_ASCII_PRINTABLE.sub("?", _one_line(text))
+
+
+def _typed(address: str) -> str:
+    """``type; address`` for a DSN field; non-ASCII as RFC 6533 utf-8-addr-xtext."""
+    address = _one_line(address)
+    if ";" in address:
+        return _ascii(address)
+    if address.isascii():
+        return f"rfc822; {address}"
+    return "utf-8; " + _XTEXT_UNSAFE.sub(lambda m: f"\\x{{{ord(m.group()):X}}}", address)
+
+
+def _fold(first: str, width: int = _WRAP) -> list[str]:
+    """``first`` wrapped at white space to ``width``; words too long for a line are cut.
+
+    Continuation lines start with Postfix's four-space indent (valid header
+    folding white space); no line exceeds MAX_LINE characters.
+    """
+    lines: list[str] = []
+    line = ""
+    for word in first.split(" "):
+        room = MAX_LINE - len(_INDENT) - 1
+        while len(word) > room:
+            if line:
+                lines.append(line)
+            lines.append((_INDENT if lines else "") + word[:room])
+            line, word = "", word[room:]
+        if not line:
+            line = (_INDENT if lines else "") + word
+        elif len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = _INDENT + word
+        else:
+            line += " " + word
+    lines.append(line)
+    return lines
 
 
 def _rfc_date(when: datetime) -> str:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return email.utils.format_datetime(when)
+
+
+def _human_duration(seconds: float) -> str:
+    hours = seconds / 3600
+    if hours < 48:
+        return f"{hours:.1f} hours"
+    return f"{hours / 24:.1f} days"
 
 
 _INTRO_FAILURE = """\
@@ -124,11 +196,140 @@ delete your own text from the attached returned message.
 """
 
 
-def _human_duration(seconds: float) -> str:
-    hours = seconds / 3600
-    if hours < 48:
-        return f"{hours:.1f} hours"
-    return f"{hours / 24:.1f} days"
+def _crlf(lines: Iterable[str]) -> bytes:
+    return "".join(line + "\r\n" for line in lines).encode("utf-8")
+
+
+def _text_part(
+    kind: str, mta: str, recipients: Sequence[DsnRecipient], delay: float, lifetime: float
+) -> bytes:
+    if kind == "failure":
+        intro = _INTRO_FAILURE.format(mta=mta)
+    else:
+        intro = _INTRO_DELAY.format(
+            mta=mta, delay=_human_duration(delay), lifetime=_human_duration(lifetime)
+        )
+    lines = intro.splitlines()
+    for rcpt in recipients:
+        address = _one_line(rcpt.final_recipient.split(";")[-1])
+        detail = _one_line(rcpt.diagnostic_code or "") or rcpt.status
+        lines.append("")
+        lines.extend(_fold(f"<{address}>: {detail}"))
+    return _crlf(lines)
+
+
+def _status_part(
+    mta: str,
+    queue_id: str,
+    sender: str,
+    arrival: datetime,
+    envid: str | None,
+    recipients: Sequence[DsnRecipient],
+) -> bytes:
+    """message/delivery-status: field groups separated by blank lines (RFC 3464 §2.1)."""
+    lines = [f"Reporting-MTA: dns; {_ascii(mta)}", f"X-Queue-ID: {_ascii(queue_id)}"]
+    lines.extend(_fold(f"X-Original-Sender: {_typed(sender or '<>')}"))
+    if envid:
+        lines.extend(_fold(f"Original-Envelope-Id: {_ascii(envid)}"))
+    lines.append(f"Arrival-Date: {_rfc_date(arrival)}")
+    for rcpt in recipients:
+        lines.append("")
+        lines.extend(_fold(f"Final-Recipient: {_typed(rcpt.final_recipient)}"))
+        if rcpt.original_recipient:
+            lines.extend(_fold(f"Original-Recipient: {_typed(rcpt.original_recipient)}"))
+        lines.append(f"Action: {rcpt.action}")
+        lines.append(f"Status: {rcpt.status}")
+        if rcpt.remote_mta and _ascii(rcpt.remote_mta):
+            lines.extend(_fold(f"Remote-MTA: dns; {_ascii(rcpt.remote_mta)}"))
+        if rcpt.diagnostic_code and _ascii(rcpt.diagnostic_code):
+            lines.extend(_fold(f"Diagnostic-Code: smtp; {_ascii(rcpt.diagnostic_code)}"))
+        if rcpt.last_attempt is not None:
+            lines.append(f"Last-Attempt-Date: {_rfc_date(rcpt.last_attempt)}")
+        if rcpt.will_retry_until is not None:
+            lines.append(f"Will-Retry-Until: {_rfc_date(rcpt.will_retry_until)}")
+    return _crlf(lines)
+
+
+# ---------------------------------------------------------------- the original
+
+_HEADER_LINE = re.compile(rb"[ \t]|[^\x00-\x20\x7f:]+[ \t]*:")  # Postfix's IS_HEADER
+
+
+def _wire_lines(line: bytes) -> list[bytes]:
+    """One original line made safe for 8bit transport: masked, and broken below 998 octets."""
+    line = line.replace(b"\0", b"?").replace(b"\r", b"?")
+    if len(line) <= MAX_LINE:
+        return [line]
+    out = [line[:MAX_LINE]]
+    for start in range(MAX_LINE, len(line), MAX_LINE - 1):
+        out.append(b" " + line[start : start + MAX_LINE - 1])
+    return out
+
+
+def _attachment(content: bytes, limit: int, headers_only: bool) -> tuple[bytes, bool]:
+    """The bytes to attach and whether they are the whole message (else headers only).
+
+    Postfix's rule: headers only when RET=HDRS or the message is empty or larger
+    than the limit; the copy stops at the first non-header line (headers only) and never
+    exceeds ``limit`` bytes (whole lines only).
+    """
+    whole = not headers_only and 0 < len(content) <= limit  # Postfix: empty = headers
+    prefix = content[: limit + 2]  # enough to see whether the line at the limit ends
+    raw_lines = prefix.split(b"\n")
+    if len(prefix) < len(content) or raw_lines[-1] == b"":
+        raw_lines.pop()  # an unfinished line at the cut, or the empty rest after a last LF
+    out: list[bytes] = []
+    size = 0
+    for raw in raw_lines:
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not whole and not _HEADER_LINE.match(raw):
+            break
+        pieces = _wire_lines(raw)
+        need = sum(len(p) + 2 for p in pieces)
+        if size + need > limit:
+            if whole:  # normalising made it grow past the limit: fall back to headers
+                return _attachment(content, limit, headers_only=True)
+            break
+        out.extend(pieces)
+        size += need
+    return b"".join(p + b"\r\n" for p in out), whole
+
+
+# ---------------------------------------------------------------- assembly
+
+_BCHARS = re.compile(r"[^0-9A-Za-z'()+_,\-./:=?]")
+
+
+def _sha(counter: int, parts: Sequence[bytes]) -> str:
+    h = hashlib.sha256(counter.to_bytes(4, "big"))
+    for part in parts:
+        h.update(part)
+    return h.hexdigest()[:24]
+
+
+def choose_boundary(
+    seed: str,
+    parts: Sequence[bytes],
+    digest: Callable[[int, Sequence[bytes]], str] = _sha,
+) -> str:
+    """A MIME boundary ``seed/<digest>`` whose delimiter occurs in none of ``parts``.
+
+    The digest covers the parts, so content cannot embed the boundary that will
+    be chosen for it; the check and retry make that certain rather than likely.
+    """
+    seed = _BCHARS.sub("", seed)[:40]
+    candidate = seed
+    for counter in range(64):
+        candidate = f"{seed}/{digest(counter, parts)}"
+        delimiter = b"--" + candidate.encode("ascii")
+        if not any(delimiter in part for part in parts):
+            return candidate
+    return candidate  # unreachable for a cryptographic digest (64 collisions in a row)
+
+
+def _cte(data: bytes) -> str:
+    return "7bit" if data.isascii() else "8bit"
 
 
 def compose_dsn(
@@ -146,106 +347,68 @@ def compose_dsn(
     delay_seconds: float = 0.0,
     lifetime_seconds: float = 0.0,
     message_id: str | None = None,
+    bounce_size_limit: int = BOUNCE_SIZE_LIMIT,
 ) -> bytes:
     """Build a complete RFC 3464 notice from the null sender to ``original_sender``.
 
     ``original_message`` (the full content) is attached as message/rfc822 when
-    given; otherwise ``original_headers`` are attached as text/rfc822-headers.
-    ``now`` is injected so tests are deterministic.
+    given and no larger than ``bounce_size_limit``; otherwise the header section
+    of ``original_message`` or ``original_headers`` (which may be the whole
+    content) is attached as text/rfc822-headers, within the limit. A caller may
+    pass only the first ``bounce_size_limit + 1`` bytes of a large message: the
+    result is the same. ``now`` is injected so tests are deterministic. Never
+    raises on any content; ValueError only when ``recipients`` is empty.
     """
     if not recipients:
         raise ValueError("a delivery status notification needs at least one recipient")
     now = now or datetime.now(UTC)
-    policy = email.policy.SMTP
-    msg = EmailMessage(policy=policy)
-    msg["From"] = f"MAILER-DAEMON@{reporting_mta} (Mail Delivery System)"
-    msg["To"] = original_sender
-    if kind == "failure":
-        msg["Subject"] = "Undelivered Mail Returned to Sender"
-    else:
-        msg["Subject"] = "Delayed Mail (still being retried)"
-    msg["Date"] = _rfc_date(now)
-    msg["Message-ID"] = message_id or f"<{now.strftime('%Y%m%d%H%M%S')}.{queue_id}@{reporting_mta}>"
-    msg["Auto-Submitted"] = "auto-replied"
-    msg["MIME-Version"] = "1.0"
-    msg.set_type("multipart/report")
-    msg.set_param("report-type", "delivery-status")
-    msg.preamble = "This is a MIME-encapsulated message.\n"
+    limit = max(1, bounce_size_limit)
+    mta = _ascii(reporting_mta)
+    text = _text_part(kind, mta, recipients, delay_seconds, lifetime_seconds)
+    status = _status_part(mta, queue_id, original_sender, arrival_time, envid, recipients)
+    source = original_headers if original_message is None else original_message
+    attached, whole = _attachment(source, limit, headers_only=original_message is None)
 
-    if kind == "failure":
-        intro = _INTRO_FAILURE.format(mta=reporting_mta)
+    charset = "us-ascii" if text.isascii() else "utf-8"
+    if whole:
+        original_head = "Content-Description: Undelivered Message\r\nContent-Type: message/rfc822"
     else:
-        intro = _INTRO_DELAY.format(
-            mta=reporting_mta,
-            delay=_human_duration(delay_seconds),
-            lifetime=_human_duration(lifetime_seconds),
+        original_head = (
+            "Content-Description: Undelivered Message Headers\r\nContent-Type: text/rfc822-headers"
         )
-    lines = [intro]
-    for rcpt in recipients:
-        detail = rcpt.diagnostic_code or rcpt.status
-        lines.append(f"<{rcpt.final_recipient.split(';')[-1].strip()}>: {_one_line(detail)}")
-    text = EmailMessage(policy=policy)
-    text.set_content("\n".join(lines) + "\n", subtype="plain", charset="utf-8")
-    text["Content-Description"] = "Notification"
-
-    # message/delivery-status: groups of fields separated by blank lines (RFC 3464 §2.1).
-    groups: list[list[str]] = []
-    per_message = [f"Reporting-MTA: dns; {reporting_mta}", f"X-Queue-ID: {queue_id}"]
-    per_message.append(f"X-Original-Sender: rfc822; {original_sender or '<>'}")
-    if envid:
-        per_message.append(f"Original-Envelope-Id: {envid}")
-    per_message.append(f"Arrival-Date: {_rfc_date(arrival_time)}")
-    groups.append(per_message)
-    for rcpt in recipients:
-        block = [f"Final-Recipient: {_typed(rcpt.final_recipient)}"]
-        if rcpt.original_recipient:
-            block.append(f"Original-Recipient: {_typed(rcpt.original_recipient)}")
-        block.append(f"Action: {rcpt.action}")
-        block.append(f"Status: {rcpt.status}")
-        if rcpt.remote_mta:
-            block.append(f"Remote-MTA: dns; {rcpt.remote_mta}")
-        if rcpt.diagnostic_code:
-            block.append(f"Diagnostic-Code: smtp; {_one_line(rcpt.diagnostic_code)}")
-        if rcpt.last_attempt is not None:
-            block.append(f"Last-Attempt-Date: {_rfc_date(rcpt.last_attempt)}")
-        if rcpt.will_retry_until is not None:
-            block.append(f"Will-Retry-Until: {_rfc_date(rcpt.will_retry_until)}")
-        groups.append(block)
-    status = EmailMessage(policy=policy)
-    status["Content-Description"] = "Delivery report"
-    status["Content-Type"] = "message/delivery-status"
-    blocks: list[Message | str] = []
-    for group in groups:
-        block_msg = Message(policy=policy)
-        for line in group:
-            name, _, value = line.partition(": ")
-            block_msg[name] = value
-        blocks.append(block_msg)
-    status.set_payload(blocks)
-
-    if original_message is not None:
-        original = EmailMessage(policy=policy)
-        original["Content-Description"] = "Undelivered Message"
-        original["Content-Type"] = "message/rfc822"
-        original["Content-Transfer-Encoding"] = "8bit"
-        original.set_payload([email.message_from_bytes(original_message, policy=policy)])
-    else:
-        original = EmailMessage(policy=policy)
-        original["Content-Description"] = "Undelivered Message Headers"
-        original["Content-Type"] = "text/rfc822-headers"
-        original["Content-Transfer-Encoding"] = "8bit"
-        original.set_payload(_headers_only(original_headers).decode("ascii", "surrogateescape"))
-
-    msg.attach(text)
-    msg.attach(status)
-    msg.attach(original)
-    return msg.as_bytes(policy=policy)
-
-
-def _headers_only(content: bytes) -> bytes:
-    """The header section of a message (everything before the first empty line)."""
-    for sep in (b"\r\n\r\n", b"\n\n"):
-        end = content.find(sep)
-        if end >= 0:
-            return content[: end + len(sep) // 2]
-    return content
+    bodies = (
+        (f"Content-Description: Notification\r\nContent-Type: text/plain; charset={charset}", text),
+        ("Content-Description: Delivery report\r\nContent-Type: message/delivery-status", status),
+        (original_head, attached),
+    )
+    stamp = int(now.timestamp())
+    boundary = choose_boundary(f"{queue_id}.{stamp}", [body for _head, body in bodies])
+    subject = (
+        "Undelivered Mail Returned to Sender"
+        if kind == "failure"
+        else "Delayed Mail (still being retried)"
+    )
+    msgid = message_id or f"<{now.strftime('%Y%m%d%H%M%S')}.{queue_id}@{reporting_mta}>"
+    head = [
+        f"From: MAILER-DAEMON@{mta} (Mail Delivery System)",
+        *_fold(f"To: {_one_line(original_sender) or '<>'}"),
+        f"Subject: {subject}",
+        f"Date: {_rfc_date(now)}",
+        *_fold(f"Message-ID: {_ascii(msgid)}"),
+        "Auto-Submitted: auto-replied",
+        "MIME-Version: 1.0",
+        "Content-Type: multipart/report; report-type=delivery-status;",
+        f'{_INDENT}boundary="{boundary}"',
+        f"Content-Transfer-Encoding: {_cte(text + status + attached)}",
+        "",
+        "This is a MIME-encapsulated message.",
+        "",
+    ]
+    out = [_crlf(head)]
+    for part_head, body in bodies:
+        out.append(f"--{boundary}\r\n{part_head}\r\n".encode("ascii"))
+        out.append(f"Content-Transfer-Encoding: {_cte(body)}\r\n\r\n".encode("ascii"))
+        out.append(body)
+        out.append(b"\r\n")  # the CRLF that belongs to the next delimiter (RFC 2046 §5.1.1)
+    out.append(f"--{boundary}--\r\n".encode("ascii"))
+    return b"".join(out)

@@ -74,7 +74,9 @@ def parse_pairs(lines: list[tuple[int, str]], where: str) -> tuple[dict[str, str
         parts = entry.split(None, 1)
         if len(parts) != 2:
             raise ConfigError(
-                f"{where}, line {number}: expected format: key whitespace value, got {entry!r}"
+                # the line is not quoted: a password map's line may hold a secret
+                f"{where}, line {number}: expected format: key whitespace value "
+                "(the line has a key and no value)"
             )
         key = parts[0].lower()
         if key in pairs:

@@ -24,7 +24,6 @@ NOT_READERS = {PACKAGE / "config" / "params.py", PACKAGE / "config" / "postfix.p
 IN_PROGRESS_ELSEWHERE = frozenset(
     {
         "smtpd_banner",
-        "bounce_size_limit",
     }
 )
 

@@ -19,9 +19,8 @@ SECRET = "hunter2-secret"
 def _agents_error(tmp_path: Path, main: str) -> str:
     (tmp_path / "main.cf").write_text(f"queue_directory = {tmp_path / 'spool'}\n{main}")
     (tmp_path / "master.cf").write_text("smtp unix - - n - - smtp\n")
-    cfg = load_config(tmp_path, hostname="mx.test")
-    with pytest.raises(ConfigError) as info:
-        create_agents(cfg)
+    with pytest.raises(ConfigError) as info:  # at load (config checks) or at agent creation
+        create_agents(load_config(tmp_path, hostname="mx.test"))
     return str(info.value)
 
 
@@ -43,7 +42,7 @@ def _agents_error(tmp_path: Path, main: str) -> str:
         ),
         ("smtp_sasl_auth_enable = yes\n", ["smtp_sasl_password_maps"]),
         ("smtp_fallback_relay = [unbalanced\n", ["smtp_fallback_relay"]),
-        ("relayhost = [smtp.example.net:587\n", ["relayhost", "unbalanced"]),
+        ("relayhost = [smtp.example.net:587\n", ["relayhost", "]"]),
         ("relayhost = [smtp.example.net]:99999\n", ["relayhost", "port"]),
         ("smtp_tls_policy_maps = hash:/etc/nope\n", ["smtp_tls_policy_maps", "hash"]),
         ("smtp_helo_name = bad name\n", ["smtp_helo_name"]),

@@ -1,0 +1,60 @@
+"""The standard benchmark runner still runs (a tiny qmgrd-only smoke run; no timing asserted).
+
+Skipped when Postfix's smtp-source and smtp-sink are not installed (``apt-get
+install postfix``); it never starts Postfix itself (``--relays qmgrd``).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _have(name: str) -> bool:
+    return bool(shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin"))
+
+
+@pytest.mark.skipif(
+    not (_have("smtp-source") and _have("smtp-sink")), reason="smtp-source/smtp-sink missing"
+)
+def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
+    """20 ten-recipient messages over ten sinks through qmgrd: one run line, no problems."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "postfix_bench.py"),
+            "--shapes",
+            "1k10r10d",
+            "--rounds",
+            "1",
+            "-m",
+            "20",
+            "-s",
+            "4",
+            "--relays",
+            "qmgrd",
+            "--timeout",
+            "60",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
+    assert len(runs) == 1, proc.stdout
+    assert re.search(r"qmgrd\s+\d+ msg/s\s+\d+ rcpt/s", runs[0]), runs[0]
+    assert re.search(r"cpu ms/msg: relay=[\d.]+ ", runs[0]), runs[0]
+    assert "problems=0" in runs[0]
+    assert any(
+        line.startswith("1 KB, 10 recipients, 10 destinations |")
+        for line in proc.stdout.splitlines()
+    )
