@@ -264,7 +264,7 @@ def test_sender_dependent_relayhost_overrides_relayhost() -> None:
 def test_transport_map_nexthop_wins_over_sender_dependent_relayhost() -> None:
     """An explicit transport_maps nexthop is not overridden by the sender's relayhost."""
     settings = ResolverSettings(
-        transport_table=TransportTable.from_specs([("inline:{ x.test=smtp:[mapped] }", "")]),
+        transport_table=make_table("inline:{ x.test=smtp:[mapped] }"),
         sender_relayhost={"@src.test": "[src-relay]"}.get,
     )
     r = Resolver(settings)
