@@ -4,7 +4,9 @@ Public API (the engine, the agents, the listener and the CLI use only this):
 
 Layout and moves — ``Spool(root: Path, *, fsync: bool = True)``
     ``ensure_dirs() -> None``: incoming active deferred hold corrupt defer bounce
-    public pid, mode 0700, flat (no hashing).
+    public pid, mode 0700, flat (no hashing); SpoolError (refuse to start) when a
+    spool directory is owned by another user, group/world-writable or a symlink
+    (``qmgrd.spool.safety``).
     ``path(queue, queue_id) -> Path``.
     ``move(queue_id, src, dst, *, mtime: float | None = None) -> Path``: rename;
     ``mtime`` (the next-attempt time of a deferred file) is set before the rename.
@@ -42,6 +44,10 @@ In-place writes (call from a worker thread) — ``mark_done(path, offsets)``: R 
 
 Content — ``QueueFileContent(path, offset, size)`` / ``QueueFileContent.of(qf)``: a
     ``ContentSource`` (async ``chunks()`` read off the loop); ``read_content(path)``.
+
+Lock — ``qmgrd.spool.lock``: ``lock_spool(root)`` (the daemon's exclusive flock on
+    pid/master.pid, taken before any spool change), ``lock_spool_shared(root)`` (offline
+    operator commands; ``DaemonHoldsSpool`` when a daemon runs).
 
 mailq — ``qmgrd.spool.mailq.mailq_command(config_dir, *, as_json, out) -> int``.
 """

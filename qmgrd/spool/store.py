@@ -3,7 +3,8 @@
 Layout (DESIGN §3): ``incoming active deferred hold corrupt`` hold queue
 files named by queue id; ``defer`` and ``bounce`` hold per-message reason
 logs; ``public`` and ``pid`` are for the daemon. Every directory is flat
-(no hashing) and mode 0700.
+(no hashing), mode 0700, owned by the daemon's user and not a symlink
+(``ensure_dirs`` refuses an unsafe spool; see ``safety``).
 
 Commit protocol (one message, or a batch in ``commit_batch``):
 
@@ -22,8 +23,8 @@ start-up, so no message is lost (Postfix does the same).
 Foreign entries: scans only return names that look like queue ids, and never
 stat through a symlink. ``sweep_foreign`` (start-up, like ``postsuper -s``)
 moves whatever else sits in a queue directory (stray names, symlinks, FIFOs,
-sub-directories) to ``corrupt/`` with a warning, so it can neither be
-mistaken for mail nor make a scan fail.
+sub-directories, files owned by another user) to ``corrupt/`` with a warning,
+so it can neither be mistaken for mail nor make a scan fail.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from qmgrd.spool.reasons import (
     remove_reasons,
 )
 from qmgrd.spool.records import Envelope, QueueFile, encode_queue_file
+from qmgrd.spool.safety import check_directory, describe_uid
 
 QueueName = Literal["incoming", "active", "deferred", "hold", "corrupt"]
 QUEUES: tuple[QueueName, ...] = ("incoming", "active", "deferred", "hold", "corrupt")
@@ -84,26 +86,26 @@ class Spool:
     # -- layout ----------------------------------------------------------------
 
     def ensure_dirs(self) -> None:
-        """Create missing directories (mode 0700); SpoolError if that is impossible.
+        """Create missing directories (mode 0700); SpoolError if the spool is unusable or unsafe.
 
-        Mail is private: a spool directory that already exists with group or
-        other access (made by hand, or by an installer with a loose umask) is
-        tightened to 0700, with a warning naming it.
+        Every directory must be owned by the daemon's user, must not be a
+        symlink (``queue_directory`` itself may be a trusted one) and must not
+        be writable by group or others: otherwise the daemon refuses to start
+        (``safety``). Mail is private: a directory that is only readable by
+        others (a loose umask) is tightened to 0700, with a warning naming it.
         """
-        try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for path in (self.root, *(self.root / name for name in DIRECTORIES)):
-                path.mkdir(mode=0o700, exist_ok=True)
-                mode = path.stat().st_mode & 0o777
-                if mode & 0o077:
-                    os.chmod(path, 0o700)
-                    get_logger("master").warning(
-                        "spool directory was open to other users; mode set to 0700",
-                        directory=str(path),
-                        old_mode=f"{mode:04o}",
-                    )
-        except OSError as exc:
-            raise SpoolError(f"cannot create spool directory under {self.root}: {exc}") from exc
+        uid = os.geteuid()
+        paths = [self.root / name for name in DIRECTORIES]
+        # Check every existing directory before anything is created or tightened, so an
+        # unsafe spool is refused as it was found.
+        if os.path.lexists(self.root):
+            check_directory(self.root, uid=uid, tighten=False, is_root=True)
+            for path in paths:
+                if os.path.lexists(path):
+                    check_directory(path, uid=uid, create=False, tighten=False)
+        check_directory(self.root, uid=uid, is_root=True)
+        for path in paths:
+            check_directory(path, uid=uid)
 
     def path(self, queue: str, queue_id: str) -> Path:
         """Where ``queue_id`` lives (or would live) in ``queue``."""
@@ -211,24 +213,28 @@ class Spool:
 
         Start-up only. Swept: names that are not queue ids (temporaries in
         incoming/ excepted: ``remove_temp_files`` owns them), symlinks (the
-        link itself is moved, never its target), and anything that is not a
-        regular file. Each gets a warning naming it; a name already taken in
-        corrupt/ gets a numeric suffix. Returns how many were moved.
+        link itself is moved, never its target), anything that is not a
+        regular file, and queue files owned by another user than the daemon's
+        (only root could have put them there: they are not the daemon's mail,
+        and may be forged). Each gets a warning naming it; a name already
+        taken in corrupt/ gets a numeric suffix. Returns how many were moved.
         """
         moved = 0
+        uid = os.geteuid()
         for queue in queues:
             directory = self.root / queue
             try:
                 with os.scandir(directory) as it:
-                    entries = [(e.name, _entry_mode(e)) for e in it]
+                    entries = [(e.name, _entry_stat(e)) for e in it]
             except FileNotFoundError:
                 continue
             except OSError as exc:
                 raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
-            for name, mode in entries:
-                if mode is None or (queue == "incoming" and name.startswith(TEMP_PREFIX)):
+            for name, st in entries:
+                if st is None or (queue == "incoming" and name.startswith(TEMP_PREFIX)):
                     continue
-                if is_queue_id(name) and stat.S_ISREG(mode):
+                mode = st.st_mode
+                if is_queue_id(name) and stat.S_ISREG(mode) and st.st_uid == uid:
                     continue
                 why = (
                     "symbolic link"
@@ -236,6 +242,8 @@ class Spool:
                     else "not a regular file"
                     if not stat.S_ISREG(mode)
                     else "not a queue file name"
+                    if not is_queue_id(name)
+                    else f"owned by {describe_uid(st.st_uid)}, not by the daemon's user"
                 )
                 if self._sweep_one(directory, queue, name, why):
                     moved += 1
@@ -355,10 +363,10 @@ class Spool:
             os.close(fd)
 
 
-def _entry_mode(entry: os.DirEntry[str]) -> int | None:
-    """The entry's file type bits without following symlinks; None if it vanished."""
+def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """The entry's lstat (never through a symlink); None if it vanished."""
     try:
-        return entry.stat(follow_symlinks=False).st_mode
+        return entry.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None
 
