@@ -74,25 +74,25 @@ _READ_CHUNK = 65536
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_regular(path: Path, flags: int) -> int:
+def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     """Open a queue file without following a symlink; SpoolError unless it is a regular file.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a
     writer; it has no effect on regular files. Other OSErrors (EACCES, EMFILE)
-    propagate for the caller to wrap.
+    propagate for the caller to wrap. With ``O_CREAT`` a new file gets ``mode``.
     """
     try:
-        fd = os.open(path, flags | _OPEN_FLAGS)
+        fd = os.open(path, flags | _OPEN_FLAGS, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise SpoolError(f"{path}: is a symbolic link, not a queue file") from None
         raise
     try:
-        mode = os.fstat(fd).st_mode
+        st_mode = os.fstat(fd).st_mode
     except OSError:
         os.close(fd)
         raise
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st_mode):
         os.close(fd)
         raise SpoolError(f"{path}: not a regular file")
     return fd
