@@ -32,9 +32,11 @@ Writing — ``Envelope(sender, recipients: tuple[RecipientSpec, ...], arrival_ti
     Temporary names start with "." in incoming/; every scan ignores them.
 
 Reading — ``QueueFile.open(path) -> QueueFile`` (SpoolError with the reason if the
-    file cannot be parsed): sender, arrival_time, rcpt_count, content_offset,
-    content_size, first_recipient_offset, envid, ret, smtputf8, body, client_name,
-    client_addr, helo, warn_time, warn_offset.
+    file cannot be parsed; its subclass ``QueueFileIOError`` when the system failed
+    (EMFILE, EIO, EACCES...): the file may be fine, do not quarantine it, retry):
+    sender, arrival_time, rcpt_count, content_offset, content_size,
+    first_recipient_offset, envid, ret, smtputf8, body, client_name, client_addr, helo,
+    warn_time, warn_offset.
     ``QueueFile.read_recipients(offset, limit) -> (list[RecipientRecord], next_offset)``
     (next_offset 0 = no recipient left; D records skipped; memory bounded by limit).
     ``RecipientRecord(address, offset, orcpt, notify)``; offset = its R type byte.
@@ -60,6 +62,7 @@ from qmgrd.spool.records import (
     WARNED,
     Envelope,
     QueueFile,
+    QueueFileIOError,
     RecipientRecord,
     RecipientSpec,
     mark_done,
@@ -76,6 +79,7 @@ __all__ = [
     "GroupCommitter",
     "QueueFile",
     "QueueFileContent",
+    "QueueFileIOError",
     "QueueIdGenerator",
     "QueueName",
     "ReasonKind",

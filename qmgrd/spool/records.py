@@ -36,6 +36,10 @@ result is a regular file, so a symlink, FIFO, device or directory planted in a
 queue directory is refused (SpoolError) rather than followed, read forever or
 blocked on. Every length field is checked against the file size before any
 buffer is allocated, so a damaged length cannot ask for gigabytes.
+
+Errors: a file that cannot be parsed raises ``SpoolError`` (quarantine it);
+an ``OSError`` on the way (too many open files, an I/O error, a permission)
+raises its subclass ``QueueFileIOError``: the file may be fine, retry later.
 """
 
 from __future__ import annotations
@@ -49,6 +53,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 from qmgrd.errors import InvariantError, SpoolError
+
+
+class QueueFileIOError(SpoolError):
+    """The system, not the file, failed: EMFILE, ENFILE, ENOMEM, EIO, EACCES, ENOENT ...
+
+    Raised where an ``OSError`` interrupted a read or an in-place write. The
+    file's content is not known to be bad, so it must not be quarantined:
+    leave it where it is (or move it back) and retry later. Every other
+    ``SpoolError`` from this module means the file itself is unusable
+    (``corrupt/``).
+    """
 
 REC_SIZE = ord("C")
 REC_TIME = ord("T")
@@ -372,7 +387,7 @@ class QueueFile:
             with os.fdopen(fd, "rb") as f:
                 return cls._parse(f, path, os.fstat(f.fileno()).st_size)
         except OSError as exc:
-            raise SpoolError(f"{path}: cannot read queue file: {exc.strerror}") from exc
+            raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
     @classmethod
     def _parse(cls, f: BinaryIO, path: Path, file_size: int) -> QueueFile:
@@ -498,7 +513,7 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
                         f"{path}: unexpected record type {rtype:#x} at offset {rec_offset}"
                     )
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot read queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
 
 def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None:
@@ -510,7 +525,9 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
     try:
         fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
+        raise QueueFileIOError(
+            f"{path}: cannot open queue file for update: {exc.strerror}"
+        ) from exc
     try:
         for offset in offsets:
             current = os.pread(fd, 1, offset)
@@ -521,7 +538,7 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
         if fsync:
             os.fsync(fd)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot update queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot update queue file: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
@@ -531,7 +548,9 @@ def rewrite_warn_time(path: Path, warn_offset: int, value: int, *, fsync: bool =
     try:
         fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
+        raise QueueFileIOError(
+            f"{path}: cannot open queue file for update: {exc.strerror}"
+        ) from exc
     try:
         if os.pread(fd, 2, warn_offset) != bytes((REC_WARN, _WARN_PAYLOAD_LEN)):
             raise InvariantError(f"{path}: offset {warn_offset} is not a W record")
@@ -539,6 +558,6 @@ def rewrite_warn_time(path: Path, warn_offset: int, value: int, *, fsync: bool =
         if fsync:
             os.fsync(fd)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot update queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot update queue file: {exc.strerror}") from exc
     finally:
         os.close(fd)
