@@ -208,7 +208,9 @@ class Spool:
                 )
         return removed
 
-    def sweep_foreign(self, queues: Sequence[QueueName] = SWEPT_QUEUES) -> int:
+    def sweep_foreign(
+        self, queues: Sequence[QueueName] = SWEPT_QUEUES, *, logs: bool = True
+    ) -> int:
         """Move entries that are not plain queue files out of ``queues`` into corrupt/.
 
         Start-up only. Swept: names that are not queue ids (temporaries in
@@ -218,47 +220,61 @@ class Spool:
         (only root could have put them there: they are not the daemon's mail,
         and may be forged). Each gets a warning naming it; a name already
         taken in corrupt/ gets a numeric suffix. Returns how many were moved.
+
+        ``logs``: also sweep defer/ and bounce/ of symlinks, directories,
+        FIFOs and files of another owner (as ``corrupt/defer.ID``, never a
+        queue file name): such an entry would make every load of its message
+        fail, and wedge it. Stray regular files there are ignored by every
+        reader and left alone.
         """
         moved = 0
         uid = os.geteuid()
         for queue in queues:
-            directory = self.root / queue
-            try:
-                with os.scandir(directory) as it:
-                    entries = [(e.name, _entry_stat(e)) for e in it]
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
-            for name, st in entries:
-                if st is None or (queue == "incoming" and name.startswith(TEMP_PREFIX)):
+            for name, st in self._lstat_entries(queue):
+                if queue == "incoming" and name.startswith(TEMP_PREFIX):
                     continue
-                mode = st.st_mode
-                if is_queue_id(name) and stat.S_ISREG(mode) and st.st_uid == uid:
-                    continue
-                why = (
-                    "symbolic link"
-                    if stat.S_ISLNK(mode)
-                    else "not a regular file"
-                    if not stat.S_ISREG(mode)
-                    else "not a queue file name"
-                    if not is_queue_id(name)
-                    else f"owned by {describe_uid(st.st_uid)}, not by the daemon's user"
+                why = _foreign_reason(st, uid) or (
+                    None if is_queue_id(name) else "not a queue file name"
                 )
-                if self._sweep_one(directory, queue, name, why):
+                if why is not None and self._sweep_one(queue, name, why):
+                    moved += 1
+        for kind in LOG_DIRS if logs else ():
+            for name, st in self._lstat_entries(kind):
+                why = _foreign_reason(st, uid)
+                if why is not None and self._sweep_one(kind, name, why, f"{kind}.{name}"):
                     moved += 1
         return moved
 
-    def _sweep_one(self, directory: Path, queue: str, name: str, why: str) -> bool:
+    def _lstat_entries(self, queue: str) -> list[tuple[str, os.stat_result]]:
+        directory = self.root / queue
+        try:
+            with os.scandir(directory) as it:
+                entries = [(e.name, _entry_stat(e)) for e in it]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
+        return [(name, st) for name, st in entries if st is not None]
+
+    def _sweep_one(self, queue: str, name: str, why: str, base: str | None = None) -> bool:
         log = get_logger("qmgr")
         corrupt = self.root / "corrupt"
-        target = corrupt / name.lstrip(TEMP_PREFIX) if name.strip(TEMP_PREFIX) else corrupt / "_"
+        base = (base or name).lstrip(TEMP_PREFIX) or "_"
+        target = corrupt / base
         for n in range(1, 1000):
             if not os.path.lexists(target):
                 break
-            target = corrupt / f"{target.name.split('~')[0]}~{n}"
+            target = corrupt / f"{base}~{n}"
+        else:
+            log.warning(
+                "cannot quarantine foreign file",
+                file=f"{queue}/{name}",
+                reason=why,
+                error="too many files of that name in corrupt/",
+            )
+            return False
         try:
-            os.rename(directory / name, target)
+            os.rename(self.root / queue / name, target)
         except OSError as exc:
             log.warning(
                 "cannot quarantine foreign file",
@@ -361,6 +377,17 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _foreign_reason(st: os.stat_result, uid: int) -> str | None:
+    """Why an entry cannot be one of the daemon's files (None: it can)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != uid:
+        return f"owned by {describe_uid(st.st_uid)}, not by the daemon's user"
+    return None
 
 
 def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:

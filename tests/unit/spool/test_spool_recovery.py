@@ -137,3 +137,41 @@ async def test_emfile_while_loading_does_not_quarantine_the_message(
     assert [(r.queue_id, r.recipients[0].address) for r in agent.requests] == [
         (qid, "r@example.com")
     ]
+
+
+@pytest.mark.parametrize("kind", ["defer", "bounce"])
+async def test_directory_in_a_reason_log_slot_does_not_wedge_its_message(
+    tmp_path: Path, spool: Spool, kind: str
+) -> None:
+    """A directory where ``bounce/ID`` or ``defer/ID`` belongs is moved to corrupt/ at start
+    (as ``bounce.ID``), and the message is delivered instead of failing every load."""
+    agent = BouncingAgent()
+    engine = create_engine(
+        load_config(_conf(tmp_path), hostname="mx.test"),
+        spool=spool,
+        clock=FakeClock(),
+        agents={"smtp": agent, "relay": agent},
+    )
+    qid = spool.commit(ENV, b"Subject: t\r\n\r\nhello\r\n")
+    (spool.root / kind / qid).mkdir()
+    task = asyncio.create_task(engine.run())
+    try:
+        await asyncio.wait_for(engine.wait_idle(), 20)
+    finally:
+        engine.stop()
+        await asyncio.wait_for(task, 20)
+    assert [r.queue_id for r in agent.requests] == [qid]
+    assert os.listdir(spool.root / "corrupt") == [f"{kind}.{qid}"]
+    assert spool.list_ids("incoming") == spool.list_ids("deferred") == []
+
+
+def test_sweep_never_replaces_a_file_already_in_corrupt(spool: Spool) -> None:
+    """When every suffixed name is taken, the stray file stays put rather than overwrite one."""
+    corrupt = spool.root / "corrupt"
+    (corrupt / "junk").write_text("old")
+    for n in range(1, 1000):
+        (corrupt / f"junk~{n}").write_text("old")
+    (spool.root / "incoming" / "junk").write_text("new")
+    assert spool.sweep_foreign() == 0
+    assert (spool.root / "incoming" / "junk").read_text() == "new"
+    assert {p.read_text() for p in corrupt.iterdir()} == {"old"}
