@@ -47,8 +47,15 @@ def describe_uid(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _refuse(path: Path, why: str) -> SpoolError:
-    return SpoolError(f"unsafe spool directory {path}: {why}; refusing to use it")
+def _refuse(path: Path, why: str, fix: str) -> SpoolError:
+    return SpoolError(f"unsafe spool directory {path}: {why}; refusing to use it ({fix})")
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _lstat(path: Path) -> os.stat_result | None:
@@ -89,26 +96,31 @@ def check_directory(
             raise SpoolError(f"spool directory {path} vanished while it was created")
     if stat.S_ISLNK(st.st_mode):
         if not is_root:
-            raise _refuse(path, "it is a symbolic link")
+            raise _refuse(path, "it is a symbolic link", "make it a directory")
         if st.st_uid not in (0, uid):
-            raise _refuse(path, f"it is a symbolic link owned by {describe_uid(st.st_uid)}")
+            raise _refuse(
+                path,
+                f"it is a symbolic link owned by {describe_uid(st.st_uid)}",
+                f"chown -h {_user_name(uid)} {path}",
+            )
         try:
             st = os.stat(path)
         except OSError as exc:
             raise SpoolError(f"cannot follow {path}: {exc.strerror}") from exc
     if not stat.S_ISDIR(st.st_mode):
-        raise _refuse(path, "not a directory")
+        raise _refuse(path, "not a directory", "move it away")
     if st.st_uid != uid:
         raise _refuse(
             path,
             f"owned by {describe_uid(st.st_uid)}, not by the daemon's user {describe_uid(uid)}",
+            f"chown -R {_user_name(uid)} {path}, or run the daemon as its owner",
         )
     mode = stat.S_IMODE(st.st_mode)
     if mode & UNSAFE_BITS:
         who = "group- and world" if mode & 0o022 == 0o022 else (
             "group" if mode & 0o020 else "world"
         )
-        raise _refuse(path, f"{who}-writable (mode {mode:04o})")
+        raise _refuse(path, f"{who}-writable (mode {mode:04o})", f"chmod 0700 {path}")
     if tighten and mode & 0o077:
         try:
             os.chmod(path, PRIVATE_MODE)

@@ -128,7 +128,8 @@ def test_daemon_refuses_a_spool_owned_by_another_user(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"qmgrd: fatal: unsafe spool directory {spool}: owned by uid 65534 (nobody), "
-        "not by the daemon's user uid 0 (root); refusing to use it"
+        f"not by the daemon's user uid 0 (root); refusing to use it (chown -R root {spool}, "
+        "or run the daemon as its owner)"
     ]
     assert os.listdir(spool) == ["incoming"]
     assert os.stat(spool).st_mode & 0o777 == 0o755
@@ -146,7 +147,7 @@ def test_daemon_refuses_a_symlinked_queue_subdirectory(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"qmgrd: fatal: unsafe spool directory {spool / 'deferred'}: it is a symbolic link; "
-        "refusing to use it"
+        "refusing to use it (make it a directory)"
     ]
     assert os.listdir(target) == []
     assert sorted(os.listdir(spool)) == ["deferred", "pid"]
