@@ -26,6 +26,7 @@ from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.log import configure_logging, get_logger, reopen_logs
 from qmgrd.spool import Spool
+from qmgrd.spool.lock import lock_spool
 
 VERSION = "0.1.0"
 
@@ -183,7 +184,10 @@ def run_command(config_dir: Path) -> int:
         log = get_logger("master")
         for warning in cfg.warnings:
             log.warning(warning)
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        # The spool lock comes before any spool change; a second daemon stops here.
+        with lock_spool(cfg.get_path("queue_directory")), asyncio.Runner(
+            loop_factory=_loop_factory()
+        ) as runner:
             runner.run(_main(cfg))
     finally:
         output.close()

@@ -18,7 +18,9 @@ recipients than messages); sender shape counts messages, each once, under its
 sender's domain (``MAILER-DAEMON`` for the null sender). Age is ``now`` minus
 the message's arrival time, as in Postfix's qshape. Works on the spool
 directly, like mailq; files that vanish meanwhile are skipped. Recipients are
-read in batches, so a huge message costs bounded memory.
+read in batches, so a huge message costs bounded memory. Domains come from
+outside: non-printable characters in them are escaped when the table is
+printed (``qmgrd.textsafe.printable``), never counted differently.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import TextIO
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool import Spool
+from qmgrd.textsafe import printable
 
 __all__ = [
     "DEFAULT_QUEUES",
@@ -121,7 +124,7 @@ def format_shape(shape: Shape) -> str:
     """The table as qshape prints it: right-aligned columns separated by one space."""
     table: list[list[str]] = [["", "T", *shape.labels]]
     for name, row in (("TOTAL", shape.total), *shape.rows):
-        table.append([name, str(sum(row)), *(str(n) for n in row)])
+        table.append([printable(name), str(sum(row)), *(str(n) for n in row)])
     widths = [max(len(line[col]) for line in table) for col in range(len(table[0]))]
     return "".join(
         " ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)) + "\n"

@@ -4,7 +4,9 @@ Public API (the engine, the agents, the listener and the CLI use only this):
 
 Layout and moves — ``Spool(root: Path, *, fsync: bool = True)``
     ``ensure_dirs() -> None``: incoming active deferred hold corrupt defer bounce
-    public pid, mode 0700, flat (no hashing).
+    public pid, mode 0700, flat (no hashing); SpoolError (refuse to start) when a
+    spool directory is owned by another user, group/world-writable or a symlink
+    (``qmgrd.spool.safety``).
     ``path(queue, queue_id) -> Path``.
     ``move(queue_id, src, dst, *, mtime: float | None = None) -> Path``: rename;
     ``mtime`` (the next-attempt time of a deferred file) is set before the rename.
@@ -30,9 +32,11 @@ Writing — ``Envelope(sender, recipients: tuple[RecipientSpec, ...], arrival_ti
     Temporary names start with "." in incoming/; every scan ignores them.
 
 Reading — ``QueueFile.open(path) -> QueueFile`` (SpoolError with the reason if the
-    file cannot be parsed): sender, arrival_time, rcpt_count, content_offset,
-    content_size, first_recipient_offset, envid, ret, smtputf8, body, client_name,
-    client_addr, helo, warn_time, warn_offset.
+    file cannot be parsed; its subclass ``QueueFileIOError`` when the system failed
+    (EMFILE, EIO, EACCES...): the file may be fine, do not quarantine it, retry):
+    sender, arrival_time, rcpt_count, content_offset, content_size,
+    first_recipient_offset, envid, ret, smtputf8, body, client_name, client_addr, helo,
+    warn_time, warn_offset.
     ``QueueFile.read_recipients(offset, limit) -> (list[RecipientRecord], next_offset)``
     (next_offset 0 = no recipient left; D records skipped; memory bounded by limit).
     ``RecipientRecord(address, offset, orcpt, notify)``; offset = its R type byte.
@@ -42,6 +46,10 @@ In-place writes (call from a worker thread) — ``mark_done(path, offsets)``: R 
 
 Content — ``QueueFileContent(path, offset, size)`` / ``QueueFileContent.of(qf)``: a
     ``ContentSource`` (async ``chunks()`` read off the loop); ``read_content(path)``.
+
+Lock — ``qmgrd.spool.lock``: ``lock_spool(root)`` (the daemon's exclusive flock on
+    pid/master.pid, taken before any spool change), ``lock_spool_shared(root)`` (offline
+    operator commands; ``DaemonHoldsSpool`` when a daemon runs).
 
 mailq — ``qmgrd.spool.mailq.mailq_command(config_dir, *, as_json, out) -> int``.
 """
@@ -54,6 +62,7 @@ from qmgrd.spool.records import (
     WARNED,
     Envelope,
     QueueFile,
+    QueueFileIOError,
     RecipientRecord,
     RecipientSpec,
     mark_done,
@@ -70,6 +79,7 @@ __all__ = [
     "GroupCommitter",
     "QueueFile",
     "QueueFileContent",
+    "QueueFileIOError",
     "QueueIdGenerator",
     "QueueName",
     "ReasonKind",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qmgrd.errors import SpoolError
-from qmgrd.spool.records import QueueFile, open_regular
+from qmgrd.spool.records import QueueFile, QueueFileIOError, open_regular
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class QueueFileContent:
                 _open_and_read, self.path, min(chunk_size, self.size), self.offset
             )
         except OSError as exc:
-            raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
+            raise QueueFileIOError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         try:
             pos = self.offset
             while True:
@@ -64,7 +64,7 @@ class QueueFileContent:
                 f.seek(self.offset)
                 data = f.read(self.size)
         except OSError as exc:
-            raise SpoolError(f"{self.path}: cannot read content: {exc.strerror}") from exc
+            raise QueueFileIOError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         if len(data) != self.size:
             raise SpoolError(f"{self.path}: content ends early")
         return data

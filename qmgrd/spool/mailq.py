@@ -15,11 +15,14 @@ Text format (postqueue(1) "compat" output)::
     -- 2 Kbytes in 1 Request.
 
 ``*`` marks active/, ``!`` hold/; the null sender prints as MAILER-DAEMON.
+Addresses and reasons come from outside: the text output escapes their
+non-printable characters (``qmgrd.textsafe.printable``: ESC as ``\\x1b``, ...),
+and the JSON output writes them as ``\\uHHHH`` escapes
+(``printable_json``), which decode to the exact stored value.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from typing import TextIO
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool.store import Spool
+from qmgrd.textsafe import printable, printable_json
 
 _LISTED = ("incoming", "active", "deferred", "hold")
 _STATUS = {"active": "*", "hold": "!"}
@@ -82,14 +86,14 @@ def format_text(messages: list[QueuedMessage]) -> str:
         when = time.asctime(time.localtime(msg.arrival_time))[:20]
         lines.append(
             f"{msg.queue_id:<10}{status} {msg.message_size:>8} {when:<20} "
-            f"{msg.sender or 'MAILER-DAEMON'}"
+            f"{printable(msg.sender) or 'MAILER-DAEMON'}"
         )
         shown: str | None = None
         for address, reason in sorted(msg.recipients, key=lambda r: (r[1] or "", r[0])):
             if reason is not None and reason != shown:
-                lines.append(f"({reason})")
+                lines.append(f"({printable(reason)})")
                 shown = reason
-            lines.append(f"{'':41}{address}")
+            lines.append(f"{'':41}{printable(address)}")
         lines.append("")
     count = len(messages)
     kbytes = (total + 1023) // 1024
@@ -115,7 +119,7 @@ def format_json(messages: list[QueuedMessage]) -> str:
             "sender": msg.sender,
             "recipients": recipients,
         }
-        out.append(json.dumps(obj, ensure_ascii=False) + "\n")
+        out.append(printable_json(obj) + "\n")
     return "".join(out)
 
 

@@ -7,14 +7,21 @@ A recipient is marked done in its queue file only after its bounce record
 is durable, so a crash can repeat a bounce line but never lose one.
 
 Format: JSON lines, appended with ``O_APPEND`` and fsynced (plus a directory
-fsync when the file is new). A torn last line (crash mid-append) is ignored
-by the reader, and so is (with a warning) any other malformed line: one
-damaged record must not keep its message out of the active queue forever.
-The log is opened without following symlinks and must be a regular file.
+fsync when the file is new). An append is all or nothing: after a short or
+failed write (a full disk) or a failed fsync the file is truncated back to
+its old size, and an append to a file that ends in a torn line (a crash
+mid-append) starts on a new line, so a retried append is never glued to a
+torn one (issue 9, item 7). A torn last line is ignored by the reader, and
+so is (with a warning) any other malformed line: one damaged record must not
+keep its message out of the active queue forever; a complete record glued
+after a torn one (logs from older versions) is still recovered. The log is
+opened without following symlinks and must be a regular file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterable
@@ -28,6 +35,7 @@ from qmgrd.spool.queueid import is_queue_id
 from qmgrd.spool.records import open_regular
 
 ReasonKind = Literal["defer", "bounce"]
+_RECORD_START = b'{"address":'
 Action = Literal["delayed", "failed"]
 
 
@@ -72,13 +80,9 @@ def append_reasons(
         return
     try:
         created = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_regular(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if fsync:
-                os.fsync(fd)
+            _append(fd, data, fsync=fsync)
         finally:
             os.close(fd)
         if created and fsync:
@@ -88,7 +92,35 @@ def append_reasons(
             finally:
                 os.close(dfd)
     except OSError as exc:
-        raise SpoolError(f"cannot write {kind} log {queue_id}: {exc.strerror}") from exc
+        raise SpoolError(f"cannot write {kind} log {queue_id}: {exc.strerror or exc}") from exc
+
+
+def _append(fd: int, data: bytes, *, fsync: bool) -> None:
+    """Append ``data`` whole or not at all (as far as a reader can tell).
+
+    The size before the append is remembered; after a short or failed write
+    (ENOSPC, EIO) or a failed fsync the file is truncated back to it, so the
+    caller's retry starts on a clean line instead of being glued to a torn
+    one. If the file already ends in a torn line (a crash mid-append, or a
+    truncate that failed too), a newline is written first: the torn line
+    stays malformed on its own and cannot swallow the records that follow.
+    """
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        data = b"\n" + data
+    view = memoryview(data)
+    try:
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = view[written:]
+        if fsync:
+            os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, size)
+        raise
 
 
 def read_reasons(root: Path, kind: ReasonKind, queue_id: str) -> list[ReasonRecord]:
@@ -107,14 +139,35 @@ def read_reasons(root: Path, kind: ReasonKind, queue_id: str) -> list[ReasonReco
         try:
             out.append(_decode(line))
         except (ValueError, TypeError) as exc:
+            glued = _resync(line)
+            if glued is not None:
+                out.append(glued)
             get_logger("qmgr").warning(
                 "malformed reason record skipped",
                 queue_id=queue_id,
                 file=f"{kind}/{queue_id}",
                 line=number,
                 error=str(exc),
+                recovered="a record appended after it" if glued is not None else "none",
             )
     return out
+
+
+def _resync(line: bytes) -> ReasonRecord | None:
+    """The complete record glued after a torn one on the same line, if there is one.
+
+    Logs written before appends were made all-or-nothing can hold a torn
+    record with the retried one glued to it; every record starts with
+    ``{"address":`` (``asdict`` keeps field order), so the last such start is
+    tried on its own.
+    """
+    start = line.rfind(_RECORD_START)
+    if start <= 0:
+        return None
+    try:
+        return _decode(line[start:])
+    except (ValueError, TypeError):
+        return None
 
 
 def _decode(line: bytes) -> ReasonRecord:

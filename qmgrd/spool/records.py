@@ -36,6 +36,10 @@ result is a regular file, so a symlink, FIFO, device or directory planted in a
 queue directory is refused (SpoolError) rather than followed, read forever or
 blocked on. Every length field is checked against the file size before any
 buffer is allocated, so a damaged length cannot ask for gigabytes.
+
+Errors: a file that cannot be parsed raises ``SpoolError`` (quarantine it);
+an ``OSError`` on the way (too many open files, an I/O error, a permission)
+raises its subclass ``QueueFileIOError``: the file may be fine, retry later.
 """
 
 from __future__ import annotations
@@ -49,6 +53,17 @@ from pathlib import Path
 from typing import BinaryIO
 
 from qmgrd.errors import InvariantError, SpoolError
+
+
+class QueueFileIOError(SpoolError):
+    """The system, not the file, failed: EMFILE, ENFILE, ENOMEM, EIO, EACCES, ENOENT ...
+
+    Raised where an ``OSError`` interrupted a read or an in-place write. The
+    file's content is not known to be bad, so it must not be quarantined:
+    leave it where it is (or move it back) and retry later. Every other
+    ``SpoolError`` from this module means the file itself is unusable
+    (``corrupt/``).
+    """
 
 REC_SIZE = ord("C")
 REC_TIME = ord("T")
@@ -74,25 +89,25 @@ _READ_CHUNK = 65536
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def open_regular(path: Path, flags: int) -> int:
+def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     """Open a queue file without following a symlink; SpoolError unless it is a regular file.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a
     writer; it has no effect on regular files. Other OSErrors (EACCES, EMFILE)
-    propagate for the caller to wrap.
+    propagate for the caller to wrap. With ``O_CREAT`` a new file gets ``mode``.
     """
     try:
-        fd = os.open(path, flags | _OPEN_FLAGS)
+        fd = os.open(path, flags | _OPEN_FLAGS, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise SpoolError(f"{path}: is a symbolic link, not a queue file") from None
         raise
     try:
-        mode = os.fstat(fd).st_mode
+        st_mode = os.fstat(fd).st_mode
     except OSError:
         os.close(fd)
         raise
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st_mode):
         os.close(fd)
         raise SpoolError(f"{path}: not a regular file")
     return fd
@@ -372,7 +387,7 @@ class QueueFile:
             with os.fdopen(fd, "rb") as f:
                 return cls._parse(f, path, os.fstat(f.fileno()).st_size)
         except OSError as exc:
-            raise SpoolError(f"{path}: cannot read queue file: {exc.strerror}") from exc
+            raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
     @classmethod
     def _parse(cls, f: BinaryIO, path: Path, file_size: int) -> QueueFile:
@@ -498,7 +513,7 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
                         f"{path}: unexpected record type {rtype:#x} at offset {rec_offset}"
                     )
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot read queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
 
 def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None:
@@ -510,7 +525,9 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
     try:
         fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
+        raise QueueFileIOError(
+            f"{path}: cannot open queue file for update: {exc.strerror}"
+        ) from exc
     try:
         for offset in offsets:
             current = os.pread(fd, 1, offset)
@@ -521,7 +538,7 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
         if fsync:
             os.fsync(fd)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot update queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot update queue file: {exc.strerror}") from exc
     finally:
         os.close(fd)
 
@@ -531,7 +548,9 @@ def rewrite_warn_time(path: Path, warn_offset: int, value: int, *, fsync: bool =
     try:
         fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot open queue file for update: {exc.strerror}") from exc
+        raise QueueFileIOError(
+            f"{path}: cannot open queue file for update: {exc.strerror}"
+        ) from exc
     try:
         if os.pread(fd, 2, warn_offset) != bytes((REC_WARN, _WARN_PAYLOAD_LEN)):
             raise InvariantError(f"{path}: offset {warn_offset} is not a W record")
@@ -539,6 +558,6 @@ def rewrite_warn_time(path: Path, warn_offset: int, value: int, *, fsync: bool =
         if fsync:
             os.fsync(fd)
     except OSError as exc:
-        raise SpoolError(f"{path}: cannot update queue file: {exc.strerror}") from exc
+        raise QueueFileIOError(f"{path}: cannot update queue file: {exc.strerror}") from exc
     finally:
         os.close(fd)

@@ -3,7 +3,8 @@
 Layout (DESIGN §3): ``incoming active deferred hold corrupt`` hold queue
 files named by queue id; ``defer`` and ``bounce`` hold per-message reason
 logs; ``public`` and ``pid`` are for the daemon. Every directory is flat
-(no hashing) and mode 0700.
+(no hashing), mode 0700, owned by the daemon's user and not a symlink
+(``ensure_dirs`` refuses an unsafe spool; see ``safety``).
 
 Commit protocol (one message, or a batch in ``commit_batch``):
 
@@ -22,8 +23,8 @@ start-up, so no message is lost (Postfix does the same).
 Foreign entries: scans only return names that look like queue ids, and never
 stat through a symlink. ``sweep_foreign`` (start-up, like ``postsuper -s``)
 moves whatever else sits in a queue directory (stray names, symlinks, FIFOs,
-sub-directories) to ``corrupt/`` with a warning, so it can neither be
-mistaken for mail nor make a scan fail.
+sub-directories, files owned by another user) to ``corrupt/`` with a warning,
+so it can neither be mistaken for mail nor make a scan fail.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from qmgrd.spool.reasons import (
     remove_reasons,
 )
 from qmgrd.spool.records import Envelope, QueueFile, encode_queue_file
+from qmgrd.spool.safety import check_directory, describe_uid
 
 QueueName = Literal["incoming", "active", "deferred", "hold", "corrupt"]
 QUEUES: tuple[QueueName, ...] = ("incoming", "active", "deferred", "hold", "corrupt")
@@ -84,26 +86,26 @@ class Spool:
     # -- layout ----------------------------------------------------------------
 
     def ensure_dirs(self) -> None:
-        """Create missing directories (mode 0700); SpoolError if that is impossible.
+        """Create missing directories (mode 0700); SpoolError if the spool is unusable or unsafe.
 
-        Mail is private: a spool directory that already exists with group or
-        other access (made by hand, or by an installer with a loose umask) is
-        tightened to 0700, with a warning naming it.
+        Every directory must be owned by the daemon's user, must not be a
+        symlink (``queue_directory`` itself may be a trusted one) and must not
+        be writable by group or others: otherwise the daemon refuses to start
+        (``safety``). Mail is private: a directory that is only readable by
+        others (a loose umask) is tightened to 0700, with a warning naming it.
         """
-        try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            for path in (self.root, *(self.root / name for name in DIRECTORIES)):
-                path.mkdir(mode=0o700, exist_ok=True)
-                mode = path.stat().st_mode & 0o777
-                if mode & 0o077:
-                    os.chmod(path, 0o700)
-                    get_logger("master").warning(
-                        "spool directory was open to other users; mode set to 0700",
-                        directory=str(path),
-                        old_mode=f"{mode:04o}",
-                    )
-        except OSError as exc:
-            raise SpoolError(f"cannot create spool directory under {self.root}: {exc}") from exc
+        uid = os.geteuid()
+        paths = [self.root / name for name in DIRECTORIES]
+        # Check every existing directory before anything is created or tightened, so an
+        # unsafe spool is refused as it was found.
+        if os.path.lexists(self.root):
+            check_directory(self.root, uid=uid, tighten=False, is_root=True)
+            for path in paths:
+                if os.path.lexists(path):
+                    check_directory(path, uid=uid, create=False, tighten=False)
+        check_directory(self.root, uid=uid, is_root=True)
+        for path in paths:
+            check_directory(path, uid=uid)
 
     def path(self, queue: str, queue_id: str) -> Path:
         """Where ``queue_id`` lives (or would live) in ``queue``."""
@@ -206,51 +208,73 @@ class Spool:
                 )
         return removed
 
-    def sweep_foreign(self, queues: Sequence[QueueName] = SWEPT_QUEUES) -> int:
+    def sweep_foreign(
+        self, queues: Sequence[QueueName] = SWEPT_QUEUES, *, logs: bool = True
+    ) -> int:
         """Move entries that are not plain queue files out of ``queues`` into corrupt/.
 
         Start-up only. Swept: names that are not queue ids (temporaries in
         incoming/ excepted: ``remove_temp_files`` owns them), symlinks (the
-        link itself is moved, never its target), and anything that is not a
-        regular file. Each gets a warning naming it; a name already taken in
-        corrupt/ gets a numeric suffix. Returns how many were moved.
+        link itself is moved, never its target), anything that is not a
+        regular file, and queue files owned by another user than the daemon's
+        (only root could have put them there: they are not the daemon's mail,
+        and may be forged). Each gets a warning naming it; a name already
+        taken in corrupt/ gets a numeric suffix. Returns how many were moved.
+
+        ``logs``: also sweep defer/ and bounce/ of symlinks, directories,
+        FIFOs and files of another owner (as ``corrupt/defer.ID``, never a
+        queue file name): such an entry would make every load of its message
+        fail, and wedge it. Stray regular files there are ignored by every
+        reader and left alone.
         """
         moved = 0
+        uid = os.geteuid()
         for queue in queues:
-            directory = self.root / queue
-            try:
-                with os.scandir(directory) as it:
-                    entries = [(e.name, _entry_mode(e)) for e in it]
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
-            for name, mode in entries:
-                if mode is None or (queue == "incoming" and name.startswith(TEMP_PREFIX)):
+            for name, st in self._lstat_entries(queue):
+                if queue == "incoming" and name.startswith(TEMP_PREFIX):
                     continue
-                if is_queue_id(name) and stat.S_ISREG(mode):
-                    continue
-                why = (
-                    "symbolic link"
-                    if stat.S_ISLNK(mode)
-                    else "not a regular file"
-                    if not stat.S_ISREG(mode)
-                    else "not a queue file name"
+                why = _foreign_reason(st, uid) or (
+                    None if is_queue_id(name) else "not a queue file name"
                 )
-                if self._sweep_one(directory, queue, name, why):
+                if why is not None and self._sweep_one(queue, name, why):
+                    moved += 1
+        for kind in LOG_DIRS if logs else ():
+            for name, st in self._lstat_entries(kind):
+                why = _foreign_reason(st, uid)
+                if why is not None and self._sweep_one(kind, name, why, f"{kind}.{name}"):
                     moved += 1
         return moved
 
-    def _sweep_one(self, directory: Path, queue: str, name: str, why: str) -> bool:
+    def _lstat_entries(self, queue: str) -> list[tuple[str, os.stat_result]]:
+        directory = self.root / queue
+        try:
+            with os.scandir(directory) as it:
+                entries = [(e.name, _entry_stat(e)) for e in it]
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
+        return [(name, st) for name, st in entries if st is not None]
+
+    def _sweep_one(self, queue: str, name: str, why: str, base: str | None = None) -> bool:
         log = get_logger("qmgr")
         corrupt = self.root / "corrupt"
-        target = corrupt / name.lstrip(TEMP_PREFIX) if name.strip(TEMP_PREFIX) else corrupt / "_"
+        base = (base or name).lstrip(TEMP_PREFIX) or "_"
+        target = corrupt / base
         for n in range(1, 1000):
             if not os.path.lexists(target):
                 break
-            target = corrupt / f"{target.name.split('~')[0]}~{n}"
+            target = corrupt / f"{base}~{n}"
+        else:
+            log.warning(
+                "cannot quarantine foreign file",
+                file=f"{queue}/{name}",
+                reason=why,
+                error="too many files of that name in corrupt/",
+            )
+            return False
         try:
-            os.rename(directory / name, target)
+            os.rename(self.root / queue / name, target)
         except OSError as exc:
             log.warning(
                 "cannot quarantine foreign file",
@@ -355,10 +379,21 @@ class Spool:
             os.close(fd)
 
 
-def _entry_mode(entry: os.DirEntry[str]) -> int | None:
-    """The entry's file type bits without following symlinks; None if it vanished."""
+def _foreign_reason(st: os.stat_result, uid: int) -> str | None:
+    """Why an entry cannot be one of the daemon's files (None: it can)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "symbolic link"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid != uid:
+        return f"owned by {describe_uid(st.st_uid)}, not by the daemon's user"
+    return None
+
+
+def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    """The entry's lstat (never through a symlink); None if it vanished."""
     try:
-        return entry.stat(follow_symlinks=False).st_mode
+        return entry.stat(follow_symlinks=False)
     except FileNotFoundError:
         return None
 

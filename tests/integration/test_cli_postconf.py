@@ -195,7 +195,8 @@ def test_postmap_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     source = tmp_path / "t"
     source.write_text("lonely\n")
     assert run(capsys, "postmap", str(source))[2] == (
-        f"qmgrd: fatal: {source}, line 1: expected format: key whitespace value (the line has a key and no value)\n"
+        f"qmgrd: fatal: {source}, line 1: expected format: key whitespace value "
+        "(the line has a key and no value)\n"
     )
     _code, _out, err = run(capsys, "postmap", f"regexp:{source}")
     assert "postmap builds hash and lmdb tables only" in err

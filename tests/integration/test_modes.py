@@ -83,12 +83,15 @@ def test_daemon_spool_files_and_control_socket_are_private(
 
 
 def test_existing_loose_spool_directories_are_tightened(tmp_path: Path) -> None:
-    """Spool directories made beforehand with 0755/0777 are set to 0700 at start, with a warning."""
+    """Spool directories made beforehand with 0755/0751 are set to 0700 at start, with a warning.
+
+    (Group- or world-writable ones are refused instead: tests/unit/spool/test_spool_safety.py.)
+    """
     root = tmp_path / "spool"
     root.mkdir(mode=0o755)
     os.chmod(root, 0o755)
     (root / "incoming").mkdir()
-    os.chmod(root / "incoming", 0o777)
+    os.chmod(root / "incoming", 0o751)
     with capture_logs() as logs:
         Spool(root).ensure_dirs()
     assert _mode(root) == 0o700 and _mode(root / "incoming") == 0o700
