@@ -132,7 +132,7 @@ async def rcpt(s: Session, arg: str) -> None:
     if txn.failed:
         s.reply("451 4.3.0 Error: queue file write error")
         return
-    if txn.writer.rcpt_count >= s.settings.smtpd_recipient_limit:
+    if txn.file.rcpt_count >= s.settings.smtpd_recipient_limit:
         s.reply("452 4.5.3 Error: too many recipients")
         return
     if not s.relay_ok and s.sasl_user is None:
@@ -147,7 +147,7 @@ async def rcpt(s: Session, arg: str) -> None:
         )
         s.reply(f"554 5.7.1 <{path.address}>: Relay access denied")
         return
-    txn.writer.add_recipient(spec)
+    txn.file.add_recipient(spec)
     if not await s.write_out(txn):
         s.reply("451 4.3.0 Error: queue file write error")
         return
@@ -180,7 +180,7 @@ async def data(s: Session, arg: str) -> None:
         )
         return
     try:
-        queue_id = await s.ctx.committer.commit_writer(txn.writer)
+        queue_id = await s.ctx.committer.commit_writer(txn.file)
     except SpoolError as exc:
         s.log.warning("queue file write error", client=s.client, reason=str(exc))
         s.reply("451 4.3.0 Error: queue file write error")
@@ -190,8 +190,8 @@ async def data(s: Session, arg: str) -> None:
         queue_id=queue_id,
         client=s.client,
         from_=f"<{txn.sender}>",
-        size=txn.writer.content_size,
-        nrcpt=txn.writer.rcpt_count,
+        size=txn.file.content_size,
+        nrcpt=txn.file.rcpt_count,
         sasl_method=s.sasl_method,
         sasl_username=s.sasl_user,
     )

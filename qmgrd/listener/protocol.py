@@ -39,7 +39,7 @@ The reader is in one of three framing modes:
 Memory: the buffer holds at most one read plus an incomplete command line of
 at most ``command_limit`` bytes; DATA never accumulates. ``Closed`` is the
 last event after ``receive_eof`` (with ``in_data`` telling whether a message
-was cut off).
+was cut off); pulling again after it returns ``Closed`` again.
 
 The SMTP dialogue state (``Dialogue``) is kept apart from framing: a phase
 per session (``Phase``) and a transition table; a command out of sequence is
@@ -174,7 +174,7 @@ class ServerProtocol:
             done, self._pending = self._pending, None
             return done
         if self.mode is Mode.CLOSED:
-            return None
+            return Closed(in_data=False)  # again: nothing more will come
         event: Event | None
         if self.mode is Mode.DATA:
             event = self._data_event()

@@ -14,6 +14,12 @@ that admission is decided before a session exists:
   sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
   as Postfix's anvil does ("Connection concurrency limit exceeded").
 
+The cap is also kept within the process's open-file limit: a session may
+hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
+left for the rest of the daemon (spool work, delivery connections), so with
+a soft ``RLIMIT_NOFILE`` of 1024 at most 384 sessions are admitted (logged at
+start when that lowers ``smtpd_session_limit``; the systemd unit sets 65536).
+
 When ``accept`` fails for lack of file descriptors or memory (EMFILE,
 ENFILE, ENOBUFS, ENOMEM) the listener logs a warning, stops accepting for
 ``_ACCEPT_RETRY`` seconds (the pending clients wait in the kernel's backlog)
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import resource
 import socket
 import time
 from collections.abc import Callable
@@ -50,13 +57,23 @@ _ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_FD_RESERVE = 256  # descriptors kept for everything but sessions
 _CLOSE_WAIT = 10.0  # seconds wait_closed gives sessions to clean up after a disconnect
 
 
 class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
-    __slots__ = ("_loop", "_sockets", "_tasks", "committer", "ctx", "sessions", "settings")
+    __slots__ = (
+        "_fd_cap",
+        "_loop",
+        "_sockets",
+        "_tasks",
+        "committer",
+        "ctx",
+        "sessions",
+        "settings",
+    )
 
     def __init__(
         self,
@@ -71,6 +88,16 @@ class ListenerHandle:
         self.committer = ctx.committer
         self.sessions: set[Session] = set()
         self.settings = settings
+        self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._check_cap(settings)
+
+    def _check_cap(self, settings: ListenerSettings) -> None:
+        if settings.session_limit > self._fd_cap:
+            get_logger("smtpd").warning(
+                "smtpd_session_limit lowered to fit the open file limit",
+                smtpd_session_limit=settings.session_limit,
+                effective=self._fd_cap,
+            )
 
     def update(self, settings: ListenerSettings) -> None:
         """Reload: new sessions use ``settings`` (mynetworks, limits, timeouts, AUTH, banner).
@@ -82,6 +109,8 @@ class ListenerHandle:
             get_logger("smtpd").warning(
                 "smtpd_listen changed; restart qmgrd to listen on the new addresses"
             )
+        if settings.session_limit != self.settings.session_limit:
+            self._check_cap(settings)
         self.settings = settings
 
     @property
@@ -131,11 +160,11 @@ class ListenerHandle:
         counters = self.ctx.counters
         log = get_logger("smtpd")
         client = f"unknown[{addr}]"
-        if counters.total >= settings.session_limit:
+        if counters.total >= min(settings.session_limit, self._fd_cap):
             log.warning(
                 "session limit reached: connection refused",
                 client=client,
-                smtpd_session_limit=settings.session_limit,
+                smtpd_session_limit=min(settings.session_limit, self._fd_cap),
             )
             _refuse(conn, "421 4.3.2 Service currently unavailable")
             return
@@ -195,6 +224,13 @@ class ListenerHandle:
             await asyncio.wait(set(self._tasks), timeout=_CLOSE_WAIT)
         await self.committer.close()
         self.ctx.passwords.close()
+
+
+def fd_session_cap(nofile: int) -> int:
+    """Sessions that fit in ``nofile`` descriptors (two each, ``_FD_RESERVE`` kept), at least 1."""
+    if nofile == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, (nofile - _FD_RESERVE) // 2)
 
 
 def _refuse(conn: socket.socket, reply: str) -> None:

@@ -77,7 +77,7 @@ class Transaction:
 
     sender: str
     smtputf8: bool
-    writer: QueueFileWriter
+    file: QueueFileWriter  # the queue file being written
     failed: bool = False  # a spool write failed: 451 until the transaction ends
 
 
@@ -243,14 +243,14 @@ class Session:
             return
         if self.dialogue.in_transaction:
             self.dialogue.move("reset")
-        await _in_thread(txn.writer.discard)
+        await _in_thread(txn.file.discard)
 
     async def write_out(self, txn: Transaction) -> bool:
         """Flush the writer's buffer if full; False (logged, writer gone) on a spool error."""
-        if not txn.writer.needs_flush:
+        if not txn.file.needs_flush:
             return True
         try:
-            await _in_thread(txn.writer.flush)
+            await _in_thread(txn.file.flush)
         except SpoolError as exc:
             self.log.warning("queue file write error", client=self.client, reason=str(exc))
             txn.failed = True
@@ -261,7 +261,7 @@ class Session:
         """Receive the message into the writer; (too big, write failed) at the end marker."""
         limit = self.settings.message_size_limit
         too_big = False
-        txn.writer.begin_content()
+        txn.file.begin_content()
         self.proto.start_data()
         while True:
             event = await self.next_event()
@@ -271,11 +271,11 @@ class Session:
                 raise ConnectionResetError("connection closed during DATA")
             if not isinstance(event, Content) or too_big or txn.failed:
                 continue
-            if limit and txn.writer.content_size + len(event.data) > limit:
+            if limit and txn.file.content_size + len(event.data) > limit:
                 too_big = True
-                await _in_thread(txn.writer.discard)  # keep reading, store nothing more
+                await _in_thread(txn.file.discard)  # keep reading, store nothing more
                 continue
-            txn.writer.add_content(event.data)
+            txn.file.add_content(event.data)
             await self.write_out(txn)
 
 

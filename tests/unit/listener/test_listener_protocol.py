@@ -30,6 +30,8 @@ def _drain(proto: ServerProtocol) -> list[Event]:
         if event is None:
             return out
         out.append(event)
+        if isinstance(event, Closed):
+            return out
     raise AssertionError("next_event never returned None")
 
 
@@ -180,6 +182,7 @@ def test_end_of_stream_is_the_last_event_and_says_whether_data_was_cut() -> None
     proto.receive_data(b"NOOP\r\nQUI")
     proto.receive_eof()
     assert _drain(proto) == [Command("NOOP", ""), Closed(in_data=False)]
+    assert proto.next_event() == Closed(in_data=False)  # and so on: never "need data"
     proto = ServerProtocol()
     proto.start_data()
     proto.receive_data(b"partial\r\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import resource
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from qmgrd.config import load_config
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerSettings
 from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.server import fd_session_cap
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -70,3 +72,11 @@ def test_counters_count_sessions_and_auth_windows() -> None:
     assert [counters.auth_event("a", t, 60) for t in (0, 10, 59.9)] == [1, 2, 3]
     assert counters.auth_event("a", 60, 60) == 1
     assert counters.auth_event("b", 60, 60) == 1
+
+
+def test_session_cap_fits_the_open_file_limit() -> None:
+    """Two descriptors per session and 256 kept: 1024 allows 384 sessions, never fewer than 1."""
+    assert fd_session_cap(1024) == 384
+    assert fd_session_cap(65536) == 32640
+    assert fd_session_cap(100) == 1
+    assert fd_session_cap(resource.RLIM_INFINITY) > 1_000_000
