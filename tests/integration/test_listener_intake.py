@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import os
 import resource
@@ -11,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.spool import QueueFile, Spool, read_content
@@ -192,3 +194,49 @@ async def test_150_slow_10mb_data_sessions_keep_memory_bounded(tmp_path: Path) -
         assert len(spool.list_ids("incoming")) == 150
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024
     assert grown < 200, f"peak RSS grew by {grown} MiB"
+
+
+async def test_ehlo_advertises_what_the_listener_implements(tmp_path: Path) -> None:
+    """EHLO lists PIPELINING, SIZE, ENHANCEDSTATUSCODES, 8BITMIME, DSN and SMTPUTF8, no more."""
+    async with listening(tmp_path) as (handle, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", handle.addresses[0][1])
+        try:
+            await reader.readline()
+            writer.write(b"EHLO c.test\r\n")
+            lines = []
+            while True:
+                line = (await asyncio.wait_for(reader.readline(), TIMEOUT)).decode().rstrip()
+                lines.append(line)
+                if line[3:4] != "-":
+                    break
+        finally:
+            writer.close()
+    assert [line[4:] for line in lines] == [
+        "mx.test",
+        "PIPELINING",
+        "SIZE 10240000",
+        "ENHANCEDSTATUSCODES",
+        "8BITMIME",
+        "DSN",
+        "SMTPUTF8",
+    ]
+
+
+async def test_stalled_data_times_out_logged_and_leaves_nothing(tmp_path: Path) -> None:
+    """A client silent mid-DATA past smtpd_timeout is cut off, logged, and its file removed."""
+    spool = Spool(tmp_path / "spool")
+    spool.ensure_dirs()
+    settings = dataclasses.replace(SETTINGS, smtpd_timeout=0.5)
+    handle = await start_listener(settings, spool, on_commit=lambda _: None)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", handle.addresses[0][1])
+        with capture_logs() as logs:
+            writer.write(b"EHLO c\r\nMAIL FROM:<s@src.test>\r\nRCPT TO:<r@d.test>\r\nDATA\r\n")
+            writer.write(b"x" * 300_000)  # beyond the buffer: a temporary file exists
+            replies = await _replies(reader, 10)  # until the server closes
+        writer.close()
+    finally:
+        await asyncio.wait_for(handle.wait_closed(), TIMEOUT)
+    assert replies[-1].startswith("354")
+    assert any(e["event"] == "timeout" and e["after"] == "DATA" for e in logs)
+    assert _temporaries(spool) == [] and spool.list_ids("incoming") == []
