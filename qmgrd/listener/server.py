@@ -196,6 +196,11 @@ class ListenerHandle:
         self.sessions.add(session)
         try:
             await session.run()
+        except Exception as exc:  # a bug: it ends this session only, and is reported loudly
+            get_logger("smtpd").error(
+                "internal error in SMTP session", client=session.client, error=repr(exc)
+            )
+            self._loop.call_exception_handler({"message": "SMTP session failed", "exception": exc})
         finally:
             self.sessions.discard(session)
             self.ctx.counters.disconnect(addr)

@@ -15,10 +15,12 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.listener.auth import Credentials, PasswordChecker, hash_password, parse_password_file
+from qmgrd.listener.commands import HANDLERS
 from qmgrd.spool import Spool
 
 TIMEOUT = 20
@@ -340,3 +342,31 @@ async def test_fd_exhaustion_in_accept_is_logged_and_survived(tmp_path: Path) ->
         assert greeting.startswith("220 ")
         assert (await good.send_message()).startswith("250 2.0.0 Ok: queued as ")
         good.close()
+
+
+async def test_a_bug_in_a_command_ends_only_that_session_and_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handler that raises closes its own session (logged as an error); others are served."""
+
+    async def broken(session: object, arg: str) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(HANDLERS, "NOOP", broken)
+    reported: list[BaseException] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, ctx: reported.append(ctx["exception"]))
+    try:
+        async with listening(tmp_path, SETTINGS) as srv:
+            client, _ = await Client.connect(srv.port)
+            with capture_logs() as logs:
+                assert await client.cmd("NOOP") == ""  # closed, no reply
+            client.close()
+            good, _ = await Client.connect(srv.port)
+            assert (await good.send_message()).startswith("250 2.0.0 Ok: queued as ")
+            good.close()
+    finally:
+        loop.set_exception_handler(None)
+    (event,) = [e for e in logs if e["event"] == "internal error in SMTP session"]
+    assert event["log_level"] == "error" and "boom" in event["error"]
+    assert [str(e) for e in reported] == ["boom"]
