@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from qmgrd.errors import SpoolError
@@ -86,6 +86,7 @@ class Session:
 
     __slots__ = (
         "_closing",
+        "_disk",
         "_out",
         "auth_failures",
         "client",
@@ -133,6 +134,7 @@ class Session:
         self.log = get_logger("smtpd")
         self._out: list[bytes] = []
         self._closing = False
+        self._disk: asyncio.Future[None] | None = None  # the queue file's thread work
 
     # -- the adapter -----------------------------------------------------------------
 
@@ -236,21 +238,33 @@ class Session:
         self.txn = Transaction(head.sender, head.smtputf8, writer)
         self.dialogue.move("mail")
 
+    async def disk(self, func: Callable[[], None]) -> None:
+        """Run the queue file's disk work in a thread; it completes even if we are cancelled.
+
+        ``abort_transaction`` waits for it before removing the file, so a
+        flush can never write to a descriptor that was closed (and reused).
+        """
+        work = asyncio.ensure_future(asyncio.to_thread(func))
+        self._disk = work
+        await asyncio.shield(work)
+
     async def abort_transaction(self) -> None:
         """Drop the transaction in progress and its temporary file, if any."""
         txn, self.txn = self.txn, None
         if txn is None:
             return
+        if self._disk is not None and not self._disk.done():
+            await asyncio.wait({self._disk})
         if self.dialogue.in_transaction:
             self.dialogue.move("reset")
-        await _in_thread(txn.file.discard)
+        await self.disk(txn.file.discard)
 
     async def write_out(self, txn: Transaction) -> bool:
         """Flush the writer's buffer if full; False (logged, writer gone) on a spool error."""
         if not txn.file.needs_flush:
             return True
         try:
-            await _in_thread(txn.file.flush)
+            await self.disk(txn.file.flush)
         except SpoolError as exc:
             self.log.warning("queue file write error", client=self.client, reason=str(exc))
             txn.failed = True
@@ -273,13 +287,7 @@ class Session:
                 continue
             if limit and txn.file.content_size + len(event.data) > limit:
                 too_big = True
-                await _in_thread(txn.file.discard)  # keep reading, store nothing more
+                await self.disk(txn.file.discard)  # keep reading, store nothing more
                 continue
             txn.file.add_content(event.data)
             await self.write_out(txn)
-
-
-async def _in_thread(func: Callable[[], None]) -> None:
-    """Disk work off the loop; it completes even if the session is cancelled meanwhile."""
-    task: Awaitable[None] = asyncio.to_thread(func)
-    await asyncio.shield(task)
