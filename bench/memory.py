@@ -55,17 +55,19 @@ def _status(pid: int) -> dict[str, int]:
 class Daemon:
     """A qmgrd subprocess with its own config and spool under ``root``."""
 
-    def __init__(self, root: Path, sink_port: int) -> None:
+    def __init__(
+        self, root: Path, sink_port: int, *, rcpt_limit: int = 10_000, extra: str = ""
+    ) -> None:
         self.root = root
         self.port = _free_port()
         conf = root / "etc"
-        conf.mkdir(parents=True)
+        conf.mkdir(parents=True, exist_ok=True)
         (conf / "main.cf").write_text(
             f"queue_directory = {root / 'spool'}\n"
             f"smtpd_listen = 127.0.0.1:{self.port}\n"
             "myhostname = mx.test\n"
             f"relayhost = [127.0.0.1]:{sink_port}\n"
-            "smtpd_recipient_limit = 10000\n"
+            f"smtpd_recipient_limit = {rcpt_limit}\n" + extra
         )
         (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
         self.log = open(root / "daemon.log", "wb")  # noqa: SIM115 - closed in stop()

@@ -560,6 +560,50 @@ _TABLE: tuple[Param, ...] = (
         "free spool bytes to keep; MAIL gets 452 4.3.1 when a message would not fit",
         minimum=0,
     ),
+    # --- SMTP listener: client limits (Postfix's anvil and error counters) ---
+    Param(
+        "smtpd_session_limit",
+        _I,
+        "1000",
+        "maximum concurrent SMTP sessions; more get 421 4.3.2 (Postfix: smtpd maxproc)",
+        minimum=1,
+        qmgrd_only=True,
+    ),
+    Param(
+        "smtpd_client_connection_count_limit",
+        _I,
+        "50",
+        "maximum concurrent sessions per client address; more get 421 4.7.0 (0 = no limit)",
+        minimum=0,
+    ),
+    Param(
+        "smtpd_client_auth_rate_limit",
+        _I,
+        "0",
+        "maximum AUTH commands per client per anvil_rate_time_unit (0 = no limit)",
+        minimum=0,
+    ),
+    Param(
+        "smtpd_client_event_limit_exceptions",
+        _L,
+        "$mynetworks",
+        "client networks exempt from the connection count and AUTH rate limits",
+    ),
+    Param("anvil_rate_time_unit", _T, "60s", "time unit of the client rate limits", minimum=1),
+    Param(
+        "smtpd_junk_command_limit",
+        _I,
+        "100",
+        "NOOP/VRFY/ETRN/RSET commands before each one counts as an error",
+        minimum=1,
+    ),
+    Param(
+        "smtpd_hard_error_limit",
+        _I,
+        "20",
+        "errors in a session before it is ended with 421 4.7.0 too many errors",
+        minimum=1,
+    ),
     # --- spool, logging, process ---
     Param(
         "queue_directory",

@@ -1,4 +1,4 @@
-"""The SMTP listener: aiosmtpd on the daemon's loop, relay policy, durable enqueue.
+"""The SMTP listener: our sans-IO SMTP protocol on the daemon's loop, relay policy, durable enqueue.
 
 Public API::
 
@@ -18,6 +18,14 @@ SMTP AUTH (``smtpd_sasl_auth_enable``, ``smtpd_sasl_password_file``): PLAIN and
 LOGIN, offered only to loopback clients (no TLS yet); an authenticated client
 may relay from outside ``mynetworks``. See ``qmgrd.listener.auth`` for the
 password file format and ``python -m qmgrd.listener.auth hash USER``.
+
+Layout: ``protocol`` (the sans-IO state machine: framing, DATA, dialogue
+phases), ``session`` (the asyncio adapter, one per connection), ``commands``
+(one handler per SMTP verb), ``esmtp`` and ``address`` (argument parsing),
+``auth`` (password file, PLAIN/LOGIN, the password pool), ``limits``
+(per-client counters), ``server`` (accepting, admission, shutdown),
+``settings``. Messages are written to the spool as they arrive
+(``qmgrd.spool.writer``).
 """
 
 from qmgrd.listener.server import ListenerHandle, start_listener

@@ -4,9 +4,17 @@
 its parameters, and checks the address syntax. It is deliberately a little
 more lenient than RFC 5321 where Postfix is (angle brackets may be omitted,
 a source route is accepted and dropped, consecutive dots in a local part are
-tolerated) and strict where a relay must be: the address needs a domain,
-may contain no controls or spaces outside a quoted local part, and
-non-ASCII characters only when the client announced SMTPUTF8.
+tolerated) and strict where a relay must be: the address needs a domain
+(except ``<postmaster>`` as a recipient, RFC 5321 §4.5.1, any case), may
+contain no control character (a TAB inside quotes excepted, as RFC 5322's
+folding white space; it is what it looks like), not even backslash-escaped in
+a quoted local part (RFC 5321 §4.1.2: quoted-pairSMTP is %d92 %d32-126), no
+space outside a quoted local part (``"sp ace"@d`` is valid), no byte that is
+not UTF-8 (escaped or not: such a byte could only be relayed as a different
+mailbox), and non-ASCII characters only when the client announced SMTPUTF8.
+
+The address is returned exactly as the client sent it (quotes and escapes
+included): it is stored and relayed unchanged.
 """
 
 from __future__ import annotations
@@ -32,27 +40,32 @@ class Path:
     non_ascii: bool  # the address contains UTF-8 (needs SMTPUTF8)
 
 
-def parse_path(arg: str) -> Path:
-    """Split and check ``<address> params``; raises AddressError on bad syntax."""
+def parse_path(arg: str, *, recipient: bool = False) -> Path:
+    """Split and check ``<address> params``; raises AddressError on bad syntax.
+
+    ``recipient``: a forward-path, where ``<postmaster>`` alone is allowed.
+    """
     text = arg.lstrip(" ")
     if text.startswith("<"):
-        end = _closing_bracket(text)
+        end = _closing_bracket(text, ">")
         inner, rest = text[1:end], text[end + 1 :]
         if rest and not rest.startswith(" "):
             raise AddressError("text after the closing bracket")
     else:
-        inner, _, rest = text.partition(" ")
+        end = _closing_bracket(text + " ", " ")
+        inner, rest = text[:end], text[end + 1 :]
     if inner.startswith("@"):  # source route "@a,@b:user@c" (RFC 5321 §4.1.2): dropped
         colon = inner.find(":")
         if colon < 0:
             raise AddressError("bad source route")
         inner = inner[colon + 1 :]
-    if inner:
+    if inner and not (recipient and inner.lower() == "postmaster"):
         check_mailbox(inner)
     return Path(inner, tuple(rest.split()), not inner.isascii())
 
 
-def _closing_bracket(text: str) -> int:
+def _closing_bracket(text: str, close: str) -> int:
+    """Index of the first ``close`` outside a quoted string (escapes honoured)."""
     quoted = escaped = False
     for i, ch in enumerate(text):
         if escaped:
@@ -61,7 +74,7 @@ def _closing_bracket(text: str) -> int:
             escaped = True
         elif ch == '"':
             quoted = not quoted
-        elif ch == ">" and not quoted:
+        elif ch == close and not quoted:
             return i
     raise AddressError("missing closing bracket")
 
@@ -88,6 +101,8 @@ def _check_local(local: str) -> None:
                 i += 1
                 if i == len(body):
                     raise AddressError("dangling backslash")
+                if not " " <= body[i] <= "~":  # quoted-pairSMTP: %d92 %d32-126 only
+                    raise AddressError("escaped control or non-ASCII character")
             elif ch == '"' or (ch.isascii() and not (ch.isprintable() or ch == "\t")):
                 raise AddressError("bad character in quoted local part")
             elif not ch.isascii() and not ch.isprintable():

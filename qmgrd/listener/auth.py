@@ -28,14 +28,19 @@ today, so in practice AUTH is offered to loopback clients only
 ``mynetworks`` (Postfix's ``permit_sasl_authenticated``).
 
 Checking a password costs tens to hundreds of milliseconds of CPU on purpose;
-the listener runs :meth:`Credentials.verify` in a worker thread. An unknown
-user is checked against a dummy hash so timing does not reveal which user
-names exist.
+the listener runs :meth:`Credentials.verify` on a :class:`PasswordChecker`: its
+own small thread pool (half the cores, at least one), never the threads that
+write the spool, with a bounded number of checks waiting. When that many are
+already queued, AUTH is answered ``454 4.7.0 Temporary authentication
+failure`` at once, so an AUTH flood costs a bounded amount of CPU and cannot
+delay an ordinary client's mail. An unknown user is checked against a dummy
+hash so timing does not reveal which user names exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import binascii
 import getpass
@@ -45,6 +50,7 @@ import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -53,6 +59,7 @@ from qmgrd.errors import ConfigError
 
 __all__ = [
     "Credentials",
+    "PasswordChecker",
     "auth_allowed",
     "decode_plain",
     "hash_password",
@@ -157,6 +164,38 @@ class Credentials:
             verify_hash(password, self.dummy)
             return False
         return verify_hash(password, hashed)
+
+
+class PasswordChecker:
+    """Password checks on their own bounded thread pool (see the module docstring)."""
+
+    __slots__ = ("_pending", "_pool", "max_pending", "workers")
+
+    def __init__(self, workers: int = 0, max_waiting: int = 0) -> None:
+        self.workers = workers or max(1, (os.cpu_count() or 2) // 2)
+        self.max_pending = self.workers + (max_waiting or 4 * self.workers)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="qmgrd-sasl")
+        self._pending = 0
+
+    @property
+    def pending(self) -> int:
+        """Checks running or waiting."""
+        return self._pending
+
+    async def check(self, creds: Credentials, user: str, password: str) -> bool | None:
+        """Whether the pair is valid; None without checking when too many checks wait."""
+        if self._pending >= self.max_pending:
+            return None
+        self._pending += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, creds.verify, user, password)
+        finally:
+            self._pending -= 1
+
+    def close(self) -> None:
+        """Drop waiting checks; running ones finish in the background."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def parse_password_file(text: str, source: str) -> Credentials:

@@ -1,14 +1,51 @@
-"""Binding the SMTP listener on the daemon's own event loop, and stopping it."""
+"""Accepting SMTP connections on the daemon's loop: session caps, fd exhaustion, shutdown.
+
+The listener accepts on its own non-blocking listening sockets (a reader
+callback on the loop, up to ``_ACCEPT_BATCH`` connections per wake-up) so
+that admission is decided before a session exists:
+
+- more than ``smtpd_session_limit`` live sessions: the new client gets
+  ``421 4.3.2 Service currently unavailable`` and is closed (Postfix's smtpd
+  answers so when it cannot serve; its master would leave the client
+  waiting at its process limit, which under a flood of idle connections
+  means every new client waits);
+- a client address (outside ``smtpd_client_event_limit_exceptions``, by
+  default mynetworks) with ``smtpd_client_connection_count_limit`` live
+  sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
+  as Postfix's anvil does ("Connection concurrency limit exceeded").
+
+The cap is also kept within the process's open-file limit: a session may
+hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
+left for the rest of the daemon (spool work, delivery connections), so with
+a soft ``RLIMIT_NOFILE`` of 1024 at most 384 sessions are admitted (logged at
+start when that lowers ``smtpd_session_limit``; the systemd unit sets 65536).
+
+When ``accept`` fails for lack of file descriptors or memory (EMFILE,
+ENFILE, ENOBUFS, ENOMEM) the listener logs a warning, stops accepting for
+``_ACCEPT_RETRY`` seconds (the pending clients wait in the kernel's backlog)
+and then tries again: sessions in progress go on, and new clients are
+served as soon as descriptors are free again.
+
+Each admitted connection becomes a ``Session`` task (``qmgrd.listener.session``)
+with the settings current at accept time; a reload (``update``) applies to
+new sessions.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import resource
+import socket
 import time
 from collections.abc import Callable
 
 from qmgrd.errors import ConfigError
+from qmgrd.listener.auth import PasswordChecker
+from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
-from qmgrd.listener.smtpd import SMTPSession
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
@@ -16,27 +53,54 @@ from qmgrd.spool import GroupCommitter, Spool
 # once; the kernel then drops handshakes and clients stall for seconds in SYN retries
 # (500 simultaneous clients: 40% still waiting after 20 s). Linux caps it at somaxconn.
 _BACKLOG = 1024
+_ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
+_ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
+_READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_FD_RESERVE = 256  # descriptors kept for everything but sessions
+_CLOSE_WAIT = 10.0  # seconds wait_closed gives sessions to clean up after a disconnect
 
 
 class ListenerHandle:
-    """The running listener: its sockets, live sessions and group committer."""
+    """The running listener: its sockets, live sessions, counters and group committer."""
 
-    __slots__ = ("committer", "servers", "sessions", "settings")
+    __slots__ = (
+        "_fd_cap",
+        "_loop",
+        "_sockets",
+        "_tasks",
+        "committer",
+        "ctx",
+        "sessions",
+        "settings",
+    )
 
     def __init__(
         self,
-        servers: list[asyncio.Server],
-        sessions: set[SMTPSession],
-        committer: GroupCommitter,
+        loop: asyncio.AbstractEventLoop,
+        ctx: ListenerContext,
         settings: ListenerSettings,
     ) -> None:
-        self.servers = servers
-        self.sessions = sessions
-        self.committer = committer
+        self._loop = loop
+        self._sockets: list[socket.socket] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.ctx = ctx
+        self.committer = ctx.committer
+        self.sessions: set[Session] = set()
         self.settings = settings
+        self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._check_cap(settings)
+
+    def _check_cap(self, settings: ListenerSettings) -> None:
+        if settings.session_limit > self._fd_cap:
+            get_logger("smtpd").warning(
+                "smtpd_session_limit lowered to fit the open file limit",
+                smtpd_session_limit=settings.session_limit,
+                effective=self._fd_cap,
+            )
 
     def update(self, settings: ListenerSettings) -> None:
-        """Reload: new sessions use ``settings`` (mynetworks, limits, timeouts, AUTH).
+        """Reload: new sessions use ``settings`` (mynetworks, limits, timeouts, AUTH, banner).
 
         Sessions in progress keep the settings they started with. The listen
         addresses are bound once; a changed ``smtpd_listen`` needs a restart.
@@ -45,37 +109,168 @@ class ListenerHandle:
             get_logger("smtpd").warning(
                 "smtpd_listen changed; restart qmgrd to listen on the new addresses"
             )
+        if settings.session_limit != self.settings.session_limit:
+            self._check_cap(settings)
         self.settings = settings
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """The bound (host, port) pairs; tests bind port 0 and read the real port here."""
         out = []
-        for server in self.servers:
-            for sock in server.sockets:
+        for sock in self._sockets:
+            if sock.fileno() >= 0:
                 name = sock.getsockname()
                 out.append((str(name[0]), int(name[1])))
         return out
 
+    # -- accepting ----------------------------------------------------------------------
+
+    def _listen(self, sock: socket.socket) -> None:
+        self._sockets.append(sock)
+        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+
+    def _on_readable(self, sock: socket.socket) -> None:
+        for _ in range(_ACCEPT_BATCH):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._pause(sock, exc)
+                    return
+                continue  # ECONNABORTED and the like: that client is gone
+            self._admit(conn, str(peer[0]) if peer else "unknown")
+
+    def _pause(self, sock: socket.socket, exc: OSError) -> None:
+        get_logger("smtpd").warning(
+            "accept connection: out of resources; new clients wait",
+            error=exc.strerror or str(exc),
+            retry_in=f"{_ACCEPT_RETRY}s",
+        )
+        self._loop.remove_reader(sock.fileno())
+        self._loop.call_later(_ACCEPT_RETRY, self._resume, sock)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if sock.fileno() >= 0:  # not closed meanwhile
+            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+
+    def _admit(self, conn: socket.socket, addr: str) -> None:
+        settings = self.settings
+        counters = self.ctx.counters
+        log = get_logger("smtpd")
+        client = f"unknown[{addr}]"
+        if counters.total >= min(settings.session_limit, self._fd_cap):
+            log.warning(
+                "session limit reached: connection refused",
+                client=client,
+                smtpd_session_limit=min(settings.session_limit, self._fd_cap),
+            )
+            _refuse(conn, "421 4.3.2 Service currently unavailable")
+            return
+        limit = settings.client_connection_limit
+        if limit and counters.sessions(addr) >= limit and not settings.limit_exempt(addr):
+            log.warning(
+                "Connection concurrency limit exceeded",
+                count=counters.sessions(addr) + 1,
+                client=client,
+                service="smtp",
+            )
+            _refuse(
+                conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}"
+            )
+            return
+        counters.connect(addr)
+        task = self._loop.create_task(self._serve(conn, addr, settings))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn, limit=_READ_LIMIT)
+        except OSError:
+            conn.close()
+            self.ctx.counters.disconnect(addr)
+            return
+        session = Session(reader, writer, settings, self.ctx, addr)
+        self.sessions.add(session)
+        try:
+            await session.run()
+        except Exception as exc:  # a bug: it ends this session only, and is reported loudly
+            get_logger("smtpd").error(
+                "internal error in SMTP session", client=session.client, error=repr(exc)
+            )
+            self._loop.call_exception_handler({"message": "SMTP session failed", "exception": exc})
+        finally:
+            self.sessions.discard(session)
+            self.ctx.counters.disconnect(addr)
+
+    # -- stopping -----------------------------------------------------------------------
+
     def close(self) -> None:
         """Stop accepting connections (sessions in progress carry on until wait_closed)."""
-        for server in self.servers:
-            server.close()
+        for sock in self._sockets:
+            if sock.fileno() >= 0:
+                self._loop.remove_reader(sock.fileno())
+                sock.close()
 
     async def wait_closed(self) -> None:
         """Disconnect the remaining clients and wait for queued commits to finish.
 
         A message whose commit is already under way still lands in incoming/
         (complete); its client may not see the 250 and may send it again, as
-        with Postfix. Nothing partial is ever left behind.
+        with Postfix. Nothing partial is ever left behind: each session
+        removes its temporary file before it ends.
         """
         self.close()
         for session in list(self.sessions):
-            if session.transport is not None:
-                session.transport.close()
+            session.close()
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=_CLOSE_WAIT)
         await self.committer.close()
-        for server in self.servers:
-            await server.wait_closed()
+        self.ctx.passwords.close()
+
+
+def fd_session_cap(nofile: int) -> int:
+    """Sessions that fit in ``nofile`` descriptors (two each, ``_FD_RESERVE`` kept), at least 1."""
+    if nofile == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, (nofile - _FD_RESERVE) // 2)
+
+
+def _refuse(conn: socket.socket, reply: str) -> None:
+    """Send one reply line to a connection we will not serve, and close it."""
+    with contextlib.suppress(OSError):
+        conn.setblocking(False)
+        conn.send(reply.encode("ascii", "replace") + b"\r\n")
+    conn.close()
+
+
+def _bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for ``host:port`` (every address it resolves to)."""
+    out: list[socket.socket] = []
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        seen = set()
+        for family, kind, proto, _, sockaddr in infos:
+            if (family, sockaddr) in seen:
+                continue
+            seen.add((family, sockaddr))
+            sock = socket.socket(family, kind, proto)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(sockaddr)
+            sock.listen(_BACKLOG)
+            sock.setblocking(False)
+    except OSError:
+        for sock in out:
+            sock.close()
+        raise
+    return out
 
 
 async def start_listener(
@@ -85,6 +280,7 @@ async def start_listener(
     on_commit: Callable[[str], None],
     clock: Callable[[], float] = time.time,
     committer: GroupCommitter | None = None,
+    passwords: PasswordChecker | None = None,
 ) -> ListenerHandle:
     """Bind every ``settings.listen`` address on the running loop and serve SMTP.
 
@@ -92,21 +288,25 @@ async def start_listener(
     A bind failure is an operator error: ConfigError naming smtpd_listen.
     """
     loop = asyncio.get_running_loop()
-    committer = committer or GroupCommitter(spool)
-    sessions: set[SMTPSession] = set()
-    servers: list[asyncio.Server] = []
-    handle = ListenerHandle(servers, sessions, committer, settings)
-
-    def factory() -> SMTPSession:
-        return SMTPSession(handle.settings, committer, on_commit, sessions, clock=clock, loop=loop)
-
-    try:
-        for host, port in settings.listen:
-            servers.append(await loop.create_server(factory, host, port, backlog=_BACKLOG))
-    except OSError as exc:
-        for server in servers:
-            server.close()
-        raise ConfigError(f"smtpd_listen: cannot listen on {host}:{port}: {exc.strerror}") from exc
+    ctx = ListenerContext(
+        committer=committer or GroupCommitter(spool),
+        on_commit=on_commit,
+        clock=clock,
+        counters=ClientCounters(),
+        passwords=passwords or PasswordChecker(),
+    )
+    handle = ListenerHandle(loop, ctx, settings)
+    for host, port in settings.listen:
+        try:
+            socks = _bind(host, port)
+        except OSError as exc:
+            handle.close()
+            ctx.passwords.close()
+            raise ConfigError(
+                f"smtpd_listen: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        for sock in socks:
+            handle._listen(sock)
     get_logger("smtpd").info(
         "listening", addresses=" ".join(f"{h}:{p}" for h, p in handle.addresses)
     )

@@ -57,12 +57,35 @@ class ListenerSettings:
     delay_warning_time: int = 0  # seconds; 0 = no W record
     queue_minfree: int = 0  # spool bytes to keep free (MAIL: 452 4.3.1 below it)
     sasl_credentials: Credentials | None = None  # SMTP AUTH offered when set
+    smtpd_banner: str = ""  # text after "220 "; "" = "$myhostname ESMTP qmgrd"
+    session_limit: int = 1000  # smtpd_session_limit
+    client_connection_limit: int = 50  # smtpd_client_connection_count_limit; 0 = none
+    auth_rate_limit: int = 0  # smtpd_client_auth_rate_limit per rate_time_unit; 0 = none
+    limit_exceptions: tuple[Network, ...] | None = None  # None = mynetworks
+    rate_time_unit: float = 60.0  # anvil_rate_time_unit, seconds
+    junk_command_limit: int = 100  # smtpd_junk_command_limit
+    hard_error_limit: int = 20  # smtpd_hard_error_limit
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
             raise ConfigError("smtpd_recipient_limit must be at least 1")
         if self.message_size_limit < 0:
             raise ConfigError("message_size_limit must not be negative")
+        if min(self.session_limit, self.junk_command_limit, self.hard_error_limit) < 1:
+            raise ConfigError(
+                "smtpd_session_limit, smtpd_junk_command_limit and smtpd_hard_error_limit "
+                "must be at least 1"
+            )
+
+    @property
+    def banner(self) -> str:
+        """The greeting text after "220 " (smtpd_banner)."""
+        return self.smtpd_banner or f"{self.myhostname} ESMTP qmgrd"
+
+    def limit_exempt(self, addr: str) -> bool:
+        """Whether ``addr`` is exempt from the per-client limits (Postfix: mynetworks)."""
+        nets = self.mynetworks if self.limit_exceptions is None else self.limit_exceptions
+        return _in_networks(addr, nets)
 
     @classmethod
     def from_config(cls, cfg: _ConfigLike) -> ListenerSettings:
@@ -76,17 +99,29 @@ class ListenerSettings:
             delay_warning_time=cfg.get_time("delay_warning_time"),
             queue_minfree=cfg.get_int("queue_minfree"),
             sasl_credentials=_credentials(cfg),
+            smtpd_banner=cfg.get_str("smtpd_banner"),
+            session_limit=cfg.get_int("smtpd_session_limit"),
+            client_connection_limit=cfg.get_int("smtpd_client_connection_count_limit"),
+            auth_rate_limit=cfg.get_int("smtpd_client_auth_rate_limit"),
+            limit_exceptions=parse_networks(cfg.get_list("smtpd_client_event_limit_exceptions")),
+            rate_time_unit=float(cfg.get_time("anvil_rate_time_unit")),
+            junk_command_limit=cfg.get_int("smtpd_junk_command_limit"),
+            hard_error_limit=cfg.get_int("smtpd_hard_error_limit"),
         )
 
     def permits_relay(self, addr: str) -> bool:
         """Whether a client at ``addr`` is inside mynetworks."""
-        try:
-            ip = ipaddress.ip_address(addr.split("%", 1)[0])
-        except ValueError:
-            return False
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip in net for net in self.mynetworks)
+        return _in_networks(addr, self.mynetworks)
+
+
+def _in_networks(addr: str, networks: tuple[Network, ...]) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in networks)
 
 
 def _credentials(cfg: _ConfigLike) -> Credentials | None:

@@ -3,13 +3,18 @@
 Theory of operation
 -------------------
 Each accepted message needs its file fsynced and a directory fsync after the
-rename. Done one by one, the directory fsyncs (a journal commit each)
-dominate intake. The committer instead queues requests from every session;
-a single flusher task hands everything queued so far to a worker thread as
-one batch (``Spool.commit_batch``: write + fsync each file, then one directory
-fsync for all). While a batch is on disk, new requests accumulate for the
-next one, so under load the batch size grows by itself and an idle daemon
-still commits a lone message at once (no timer, no added latency).
+link into incoming/. Done one by one, the directory fsyncs (a journal commit
+each) dominate intake. The committer instead queues requests from every
+session; a single flusher task hands everything queued so far to a worker
+thread as one batch (write + fsync each file, then one directory fsync for
+all). While a batch is on disk, new requests accumulate for the next one, so
+under load the batch size grows by itself and an idle daemon still commits
+a lone message at once (no timer, no added latency).
+
+Two kinds of request share the batches: a ``QueueFileWriter`` the listener
+filled while the message arrived (``commit_writer``; see
+``qmgrd.spool.writer``), and a whole message in memory (``commit``, for
+callers that have one; it goes through ``Spool.commit_batch``).
 
 At most ``max_batch`` messages go in one batch, bounding the latency of the
 first message in it. The event loop never blocks on disk I/O.
@@ -23,17 +28,17 @@ from dataclasses import dataclass
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
+from qmgrd.spool.writer import QueueFileWriter, commit_writers
 
 
 @dataclass(slots=True, eq=False)
 class _Request:
-    envelope: Envelope
-    content: bytes
+    item: QueueFileWriter | tuple[Envelope, bytes]
     future: asyncio.Future[str]
 
 
 class GroupCommitter:
-    """Async front of ``Spool.commit_batch``; one per daemon (it owns a flusher task)."""
+    """Async front of the batch commits; one per daemon (it owns a flusher task)."""
 
     __slots__ = ("_closed", "_flusher", "_pending", "max_batch", "spool")
 
@@ -48,12 +53,25 @@ class GroupCommitter:
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""
+        return await self._submit((envelope, content))
+
+    async def commit_writer(self, writer: QueueFileWriter) -> str:
+        """Finish and durably store a message written as it arrived; SpoolError on failure.
+
+        On failure the writer's temporary file is gone. On cancellation of the
+        caller the commit still completes (the message lands, unacknowledged).
+        """
+        return await self._submit(writer)
+
+    async def _submit(self, item: QueueFileWriter | tuple[Envelope, bytes]) -> str:
         if self._closed:
+            if isinstance(item, QueueFileWriter):
+                await asyncio.to_thread(item.discard)
             raise SpoolError("queue file write error: the daemon is shutting down")
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         # Retrieve the outcome even if the session went away meanwhile (no "never retrieved").
         future.add_done_callback(_consume)
-        self._pending.append(_Request(envelope, content, future))
+        self._pending.append(_Request(item, future))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
         # shield: a session that disconnects must not cancel the batch's result handling.
@@ -64,9 +82,8 @@ class GroupCommitter:
             while self._pending:
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
-                items = [(r.envelope, r.content) for r in batch]
                 try:
-                    results = await asyncio.to_thread(self.spool.commit_batch, items)
+                    results = await asyncio.to_thread(self._commit_batch, batch)
                 except Exception as exc:  # a bug or an unexpected error: fail the batch
                     failure = SpoolError(f"queue file write error: {exc}")
                     results = [failure for _ in batch]
@@ -79,6 +96,17 @@ class GroupCommitter:
                         request.future.set_exception(result)
         finally:
             self._flusher = None
+
+    def _commit_batch(self, batch: list[_Request]) -> list[str | SpoolError]:
+        """Worker thread: writers in one pass, whole messages in another; results in order."""
+        writers = [r.item for r in batch if isinstance(r.item, QueueFileWriter)]
+        whole = [r.item for r in batch if not isinstance(r.item, QueueFileWriter)]
+        done_writers = iter(commit_writers(self.spool, writers) if writers else [])
+        done_whole = iter(self.spool.commit_batch(whole) if whole else [])
+        return [
+            next(done_writers) if isinstance(r.item, QueueFileWriter) else next(done_whole)
+            for r in batch
+        ]
 
     async def close(self) -> None:
         """Refuse new requests and wait until every queued one has been committed."""

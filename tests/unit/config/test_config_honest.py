@@ -23,7 +23,6 @@ NOT_READERS = {PACKAGE / "config" / "params.py", PACKAGE / "config" / "postfix.p
 # proves each of them is read somewhere.
 IN_PROGRESS_ELSEWHERE = frozenset(
     {
-        "smtpd_banner",
     }
 )
 

@@ -1,0 +1,350 @@
+"""The SMTP commands a session answers: one coroutine per verb, Postfix's reply texts.
+
+Each handler takes the ``Session`` (its I/O, dialogue and transaction) and the
+command's argument, queues its replies with ``session.reply`` and returns.
+Commands not in ``HANDLERS`` get ``502 5.5.2 Error: command not recognized``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from qmgrd.errors import SpoolError
+from qmgrd.listener.address import AddressError, parse_path
+from qmgrd.listener.auth import decode_plain
+from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
+from qmgrd.listener.protocol import AuthLine, Closed
+from qmgrd.spool.writer import EnvelopeHead
+
+if TYPE_CHECKING:
+    from qmgrd.listener.session import Session
+
+_AUTH_FAILURE_LIMIT = 3  # failed AUTH attempts before the session is closed
+
+
+async def helo(s: Session, arg: str) -> None:
+    await _greet(s, arg, extended=False)
+
+
+async def ehlo(s: Session, arg: str) -> None:
+    await _greet(s, arg, extended=True)
+
+
+async def _greet(s: Session, arg: str, *, extended: bool) -> None:
+    name = arg.strip()
+    if not name:
+        s.reply(f"501 Syntax: {'EHLO' if extended else 'HELO'} hostname")
+        return
+    await s.abort_transaction()
+    s.dialogue.helo(name, extended=extended)
+    if not extended:
+        s.reply(f"250 {s.settings.myhostname}")
+        return
+    limit = s.settings.message_size_limit
+    lines = [s.settings.myhostname, "PIPELINING", f"SIZE {limit}" if limit else "SIZE"]
+    if s.auth_offered:
+        lines.append("AUTH PLAIN LOGIN")
+    lines += ["ENHANCEDSTATUSCODES", "8BITMIME", "DSN", "SMTPUTF8"]
+    for line in lines[:-1]:
+        s.reply(f"250-{line}")
+    s.reply(f"250 {lines[-1]}")
+
+
+async def mail(s: Session, arg: str) -> None:
+    error = s.dialogue.sequence_error("MAIL")
+    if error:
+        s.reply(error)
+        return
+    if arg[:5].upper() != "FROM:":
+        s.reply("501 5.5.4 Syntax: MAIL FROM:<address>")
+        return
+    try:
+        path = parse_path(arg[5:])
+    except AddressError:
+        s.reply("501 5.1.7 Bad sender address syntax")
+        return
+    if path.params and not s.dialogue.extended:
+        s.reply("501 5.5.4 Syntax: MAIL FROM:<address> (parameters need EHLO)")
+        return
+    params = parse_mail_params(path.params, s.settings.message_size_limit)
+    if isinstance(params, str):
+        s.reply(params)
+        return
+    if path.non_ascii and not params.smtputf8:
+        s.reply("553 5.6.7 Must declare SMTPUTF8 to send unicode address")
+        return
+    if not s.spool_has_room(params.size):
+        s.log.warning(
+            "NOQUEUE: reject",
+            stage="MAIL",
+            client=s.client,
+            code="452 4.3.1",
+            reason="Insufficient system storage",
+            from_=f"<{path.address}>",
+        )
+        s.reply("452 4.3.1 Insufficient system storage")
+        return
+    arrival = s.ctx.clock()  # Postfix's arrival time is MAIL's too
+    warn = s.settings.delay_warning_time
+    s.begin_transaction(
+        EnvelopeHead(
+            sender=path.address,
+            arrival_time=arrival,
+            envid=params.envid,
+            ret=params.ret,
+            smtputf8=params.smtputf8,
+            body=params.body,
+            client_name="unknown",
+            client_addr=s.client_addr,
+            helo=s.dialogue.helo_name,
+            warn_time=int(arrival) + warn if warn > 0 else None,
+        )
+    )
+    s.reply("250 2.1.0 Ok")
+
+
+async def rcpt(s: Session, arg: str) -> None:
+    error = s.dialogue.sequence_error("RCPT")
+    txn = s.txn
+    if error or txn is None:
+        s.reply(error or "503 5.5.1 Error: need MAIL command")
+        return
+    if arg[:3].upper() != "TO:":
+        s.reply("501 5.5.4 Syntax: RCPT TO:<address>")
+        return
+    try:
+        path = parse_path(arg[3:], recipient=True)
+        if not path.address:
+            raise AddressError("null recipient")
+    except AddressError:
+        s.reply("501 5.1.3 Bad recipient address syntax")
+        return
+    spec = parse_rcpt_params(path.address, path.params)
+    if isinstance(spec, str):
+        s.reply(spec)
+        return
+    if path.non_ascii and not txn.smtputf8:
+        s.reply("553 5.6.7 Must declare SMTPUTF8 to send unicode address")
+        return
+    if txn.failed:
+        s.reply("451 4.3.0 Error: queue file write error")
+        return
+    if txn.file.rcpt_count >= s.settings.smtpd_recipient_limit:
+        s.reply("452 4.5.3 Error: too many recipients")
+        return
+    if not s.relay_ok and s.sasl_user is None:
+        s.log.info(
+            "NOQUEUE: reject",
+            stage="RCPT",
+            client=s.client,
+            code="554 5.7.1",
+            reason="Relay access denied",
+            from_=f"<{txn.sender}>",
+            to=f"<{path.address}>",
+        )
+        s.reply(f"554 5.7.1 <{path.address}>: Relay access denied")
+        return
+    txn.file.add_recipient(spec)
+    if not await s.write_out(txn):
+        s.reply("451 4.3.0 Error: queue file write error")
+        return
+    s.dialogue.move("rcpt")
+    s.reply("250 2.1.5 Ok")
+
+
+async def data(s: Session, arg: str) -> None:
+    error = s.dialogue.sequence_error("DATA")
+    txn = s.txn
+    if error or txn is None:
+        s.reply(error or "503 5.5.1 Error: need RCPT command")
+        return
+    if arg:
+        s.reply("501 5.5.4 Syntax: DATA")
+        return
+    if txn.failed:
+        await s.abort_transaction()
+        s.reply("451 4.3.0 Error: queue file write error")
+        return
+    s.reply("354 End data with <CR><LF>.<CR><LF>")
+    too_big, failed = await s.read_data(txn)
+    s.txn = None
+    s.dialogue.move("end")
+    if too_big or failed:  # the writer has removed its file already
+        s.reply(
+            "552 5.3.4 Message size exceeds fixed limit"
+            if too_big
+            else "451 4.3.0 Error: queue file write error"
+        )
+        return
+    try:
+        queue_id = await s.ctx.committer.commit_writer(txn.file)
+    except SpoolError as exc:
+        s.log.warning("queue file write error", client=s.client, reason=str(exc))
+        s.reply("451 4.3.0 Error: queue file write error")
+        return
+    s.log.info(
+        "queued",
+        queue_id=queue_id,
+        client=s.client,
+        from_=f"<{txn.sender}>",
+        size=txn.file.content_size,
+        nrcpt=txn.file.rcpt_count,
+        sasl_method=s.sasl_method,
+        sasl_username=s.sasl_user,
+    )
+    s.ctx.on_commit(queue_id)
+    s.junk = 0  # Postfix: the junk count is reset after mail is delivered
+    s.reply(f"250 2.0.0 Ok: queued as {queue_id}")
+
+
+async def rset(s: Session, arg: str) -> None:
+    await s.abort_transaction()
+    s.reply("250 2.0.0 Ok")
+
+
+async def noop(s: Session, arg: str) -> None:
+    s.reply("250 2.0.0 Ok")
+
+
+async def vrfy(s: Session, arg: str) -> None:
+    s.reply("502 5.5.1 VRFY command is disabled")
+
+
+async def quit_(s: Session, arg: str) -> None:
+    await s.abort_transaction()
+    s.reply("221 2.0.0 Bye")
+    s.end_session()
+
+
+# -- AUTH ---------------------------------------------------------------------------------
+
+
+async def auth(s: Session, arg: str) -> None:
+    """RFC 4954 AUTH with PLAIN or LOGIN, checked on the password pool.
+
+    Offered only to loopback (or TLS) clients, after EHLO, outside a
+    transaction, once per session. ``smtpd_client_auth_rate_limit`` AUTH
+    commands per ``anvil_rate_time_unit`` per client (outside
+    ``smtpd_client_event_limit_exceptions``) get ``450 4.7.1``; three
+    failures end the session with 421; a saturated password pool answers
+    ``454 4.7.0`` at once.
+    """
+    creds = s.settings.sasl_credentials
+    error = s.dialogue.sequence_error("AUTH")
+    if error:
+        s.reply(error)
+        return
+    if creds is None or not s.dialogue.extended or not s.auth_offered:
+        s.reply("503 5.5.1 Error: authentication not enabled")
+        return
+    if s.sasl_user is not None:
+        s.reply("503 5.5.1 Error: already authenticated")
+        return
+    limit = s.settings.auth_rate_limit
+    if limit and not s.settings.limit_exempt(s.client_addr):
+        count = s.ctx.counters.auth_event(s.client_addr, s.ctx.clock(), s.settings.rate_time_unit)
+        if count > limit:
+            s.log.warning(
+                "AUTH command rate limit exceeded", count=count, client=s.client, service="smtp"
+            )
+            s.reply(f"450 4.7.1 Error: too many AUTH commands from {s.client_addr}")
+            return
+    mechanism, _, initial = arg.partition(" ")
+    mechanism = mechanism.upper()
+    if mechanism not in ("PLAIN", "LOGIN"):
+        s.reply("504 5.5.4 Unsupported authentication mechanism")
+        return
+    pair = await _auth_exchange(s, mechanism, initial.strip())
+    if pair is None:
+        return  # the reply was queued
+    user, password = pair
+    ok = await s.ctx.passwords.check(creds, user, password)
+    if ok is None:
+        s.log.warning("SASL authentication deferred: password checks saturated", client=s.client)
+        s.reply("454 4.7.0 Temporary authentication failure")
+        return
+    if ok:
+        s.sasl_user, s.sasl_method = user, mechanism
+        s.log.info("authenticated", client=s.client, sasl_method=mechanism, sasl_username=user)
+        s.reply("235 2.7.0 Authentication successful")
+        return
+    s.auth_failures += 1
+    s.log.warning(
+        "SASL authentication failed",
+        client=s.client,
+        sasl_method=mechanism,
+        sasl_username=user,
+        reason="authentication failure",
+    )
+    if s.auth_failures >= _AUTH_FAILURE_LIMIT:
+        s.reply("421 4.7.0 Error: too many authentication failures")
+        s.end_session()
+        return
+    s.reply("535 5.7.8 Error: authentication failed: authentication failure")
+
+
+async def _auth_exchange(s: Session, mechanism: str, initial: str) -> tuple[str, str] | None:
+    """Collect (user, password) for the mechanism; None after queueing an error reply."""
+    if mechanism == "PLAIN":
+        blob = await _auth_response(s, "", initial or None)
+        if blob is None:
+            return None
+        pair = decode_plain(blob)
+        if pair is None:
+            s.reply("501 5.5.2 Error: malformed PLAIN response")
+        return pair
+    user_blob = await _auth_response(s, "VXNlcm5hbWU6", initial or None)  # "Username:"
+    if user_blob is None:
+        return None
+    pass_blob = await _auth_response(s, "UGFzc3dvcmQ6", None)  # "Password:"
+    if pass_blob is None:
+        return None
+    try:
+        return user_blob.decode("utf-8"), pass_blob.decode("utf-8")
+    except UnicodeDecodeError:
+        s.reply("501 5.5.2 Error: malformed LOGIN response")
+        return None
+
+
+async def _auth_response(s: Session, challenge: str, given: str | None) -> bytes | None:
+    """One decoded client response (the initial one if given, else after a 334)."""
+    if given is None:
+        s.reply(f"334 {challenge}")
+        s.proto.expect_auth_line()
+        event = await s.next_event()
+        if isinstance(event, Closed):
+            raise ConnectionResetError("connection closed during AUTH")
+        if not isinstance(event, AuthLine):
+            s.reply("500 5.5.6 Error: authentication line too long")
+            return None
+        text = event.line.strip()
+    else:
+        text = given.encode("utf-8", "surrogateescape")
+    if text == b"*":
+        s.reply("501 5.7.0 Error: authentication aborted")
+        return None
+    if text == b"=":
+        return b""  # RFC 4954 §4: "=" is an empty initial response
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        s.reply("501 5.5.2 Error: cannot decode response")
+        return None
+
+
+Handler = Callable[["Session", str], Awaitable[None]]
+HANDLERS: dict[str, Handler] = {
+    "HELO": helo,
+    "EHLO": ehlo,
+    "MAIL": mail,
+    "RCPT": rcpt,
+    "DATA": data,
+    "RSET": rset,
+    "NOOP": noop,
+    "VRFY": vrfy,
+    "QUIT": quit_,
+    "AUTH": auth,
+}

@@ -1,0 +1,319 @@
+"""The SMTP server protocol as a pure state machine: bytes in, events out (sans-IO).
+
+Theory of operation
+-------------------
+In the spirit of h11, this module owns no socket, task or clock. The caller
+(``qmgrd.listener.session``) feeds whatever bytes arrived with
+``receive_data`` (``receive_eof`` at end of stream) and pulls events with
+``next_event`` until it returns ``None`` ("need more data"). Bytes are only
+looked at when an event is pulled, so pipelined commands (RFC 2920) simply
+wait in the buffer: the caller handles one command, replies, and pulls the
+next. The caller must not pull events while it is still working on one
+(the next command may depend on its outcome, e.g. RCPT after a refused MAIL).
+
+The reader is in one of three framing modes:
+
+``COMMAND``
+    A line ends at LF (CRLF or a bare LF, as Postfix accepts); the event is
+    ``Command(verb, arg)`` with the verb upper-cased and the argument as
+    text (UTF-8, undecodable bytes kept with ``surrogateescape``). A line
+    longer than ``command_limit`` is discarded as it arrives (memory stays
+    bounded whatever its length) and reported as one ``LineTooLong``.
+``DATA``
+    Entered by ``start_data()`` (the caller has answered 354). The message
+    ends only at ``CRLF "." CRLF`` (RFC 5321 §4.1.1.4); the start of the
+    stream counts as following a CRLF, so an empty message is "." CRLF. A
+    bare LF or CR never ends DATA ("." after a bare LF is ordinary text), so
+    a message cannot smuggle a second transaction past a next hop that is
+    stricter than we are. A "." at the start of a line (after CRLF) is
+    removed (dot-unstuffing, §4.5.2). Content is handed out as ``Content``
+    events as it arrives, holding back at most four bytes that could be the
+    start of the end marker; ``DataEnd(size)`` follows, and bytes after the
+    marker are read as commands again. Nothing here limits the size: the
+    caller counts and stops storing (``message_size_limit``).
+``AUTH``
+    Entered by ``expect_auth_line()`` (the caller sent a 334 challenge): the
+    next line is an ``AuthLine`` (RFC 4954 §4 lines may be 12288 octets),
+    then the mode returns to ``COMMAND``.
+
+Memory: the buffer holds at most one read plus an incomplete command line of
+at most ``command_limit`` bytes; DATA never accumulates. ``Closed`` is the
+last event after ``receive_eof`` (with ``in_data`` telling whether a message
+was cut off); pulling again after it returns ``Closed`` again.
+
+The SMTP dialogue state (``Dialogue``) is kept apart from framing: a phase
+per session (``Phase``) and a transition table; a command out of sequence is
+answered with Postfix's 503 text by ``sequence_error``, and an illegal move
+asked of ``Dialogue`` is a bug (``InvariantError``).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from qmgrd.errors import InvariantError
+
+COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
+AUTH_LINE_LIMIT = 12288  # RFC 4954 §4
+_END = b"\r\n.\r\n"
+_HOLD = len(_END) - 1  # bytes at the end of a chunk that may start the end marker
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One command line: ``verb`` upper-cased, ``arg`` the rest after one space."""
+
+    verb: str
+    arg: str
+
+
+@dataclass(frozen=True, slots=True)
+class LineTooLong:
+    """A command (or AUTH) line exceeded its limit; it was discarded."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthLine:
+    """The client's answer to a 334 challenge, without its line ending."""
+
+    line: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """Message bytes, already dot-unstuffed (possibly empty)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DataEnd:
+    """The end-of-data marker was read; ``size`` is the unstuffed message size."""
+
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The client closed its side; ``in_data`` if that cut a message off."""
+
+    in_data: bool
+
+
+Event = Command | LineTooLong | AuthLine | Content | DataEnd | Closed
+
+
+class Mode(enum.Enum):
+    """What the next bytes from the client are."""
+
+    COMMAND = "command"
+    DATA = "data"
+    AUTH = "auth"
+    CLOSED = "closed"
+
+
+class ServerProtocol:
+    """Framing of one SMTP server connection (see the module docstring)."""
+
+    __slots__ = (
+        "_buf",
+        "_discarding",
+        "_eof",
+        "_pending",
+        "_prev",
+        "_size",
+        "command_limit",
+        "mode",
+    )
+
+    def __init__(self, *, command_limit: int = COMMAND_LIMIT) -> None:
+        if command_limit < 512:  # RFC 5321 §4.5.3.1.4
+            raise InvariantError(f"command_limit {command_limit} < 512")
+        self.command_limit = command_limit
+        self.mode = Mode.COMMAND
+        self._buf = bytearray()
+        self._eof = False
+        self._discarding = False  # inside an overlong line, until its LF
+        self._prev = b""  # DATA: the last two stream bytes already handed out
+        self._size = 0  # DATA: unstuffed bytes handed out so far
+        self._pending: DataEnd | None = None  # due right after the last Content
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet turned into events (for flow control)."""
+        return len(self._buf)
+
+    def receive_data(self, data: bytes) -> None:
+        """Append bytes from the client; call ``next_event`` to get what they mean."""
+        if self._eof:
+            raise InvariantError("receive_data after receive_eof")
+        self._buf += data
+
+    def receive_eof(self) -> None:
+        """The client closed its side of the connection."""
+        self._eof = True
+
+    def start_data(self) -> None:
+        """The caller answered DATA with 354: the following bytes are the message."""
+        if self.mode is not Mode.COMMAND:
+            raise InvariantError(f"start_data in mode {self.mode.name}")
+        self.mode = Mode.DATA
+        self._prev = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._size = 0
+
+    def expect_auth_line(self) -> None:
+        """The caller sent a 334 challenge: the next line is the client's response."""
+        if self.mode is not Mode.COMMAND:
+            raise InvariantError(f"expect_auth_line in mode {self.mode.name}")
+        self.mode = Mode.AUTH
+
+    def next_event(self) -> Event | None:
+        """The next event, or None when more data is needed."""
+        if self._pending is not None:
+            done, self._pending = self._pending, None
+            return done
+        if self.mode is Mode.CLOSED:
+            return Closed(in_data=False)  # again: nothing more will come
+        event: Event | None
+        if self.mode is Mode.DATA:
+            event = self._data_event()
+        elif self.mode is Mode.AUTH:
+            event = self._line_event(AUTH_LINE_LIMIT)
+        else:
+            event = self._line_event(self.command_limit)
+        if event is None and self._eof:
+            in_data = self.mode is Mode.DATA
+            self.mode = Mode.CLOSED
+            self._buf.clear()
+            return Closed(in_data)
+        return event
+
+    # -- lines -------------------------------------------------------------------
+
+    def _line_event(self, limit: int) -> Event | None:
+        end = self._buf.find(b"\n")
+        if end < 0:
+            if len(self._buf) > limit:
+                self._discarding = True
+                self._buf.clear()
+            return None
+        raw = bytes(self._buf[:end])
+        del self._buf[: end + 1]
+        if self._discarding or len(raw) > limit:
+            self._discarding = False
+            self.mode = Mode.COMMAND
+            return LineTooLong()
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if self.mode is Mode.AUTH:
+            self.mode = Mode.COMMAND
+            return AuthLine(raw)
+        text = raw.decode("utf-8", "surrogateescape")
+        verb, _, arg = text.partition(" ")
+        return Command(verb.upper(), arg)
+
+    # -- DATA --------------------------------------------------------------------
+
+    def _data_event(self) -> Event | None:
+        if not self._buf:
+            return None
+        # Look at the two bytes already handed out too: the marker may start there.
+        stream = self._prev + bytes(self._buf)
+        end = stream.find(_END)
+        if end >= 0:
+            piece = stream[: end + 2]  # up to and including the CRLF before "."
+            rest = stream[end + len(_END) :]
+            self._buf[:] = rest
+            out = _unstuff(piece)
+            self._size += len(out)
+            self.mode = Mode.COMMAND
+            self._pending = DataEnd(self._size)
+            return Content(out)
+        cut = len(stream) - _HOLD
+        if cut <= len(self._prev):
+            return None  # only bytes that may start the marker: wait
+        out = _unstuff(stream[:cut])
+        self._prev = stream[cut - 2 : cut]
+        self._buf[:] = stream[cut:]
+        self._size += len(out)
+        return Content(out)
+
+
+def _unstuff(stream: bytes) -> bytes:
+    """Remove the "." after each CRLF; ``stream`` starts with two bytes already handed out."""
+    return stream.replace(b"\r\n.", b"\r\n")[2:]
+
+
+# -- the dialogue ----------------------------------------------------------------------
+
+
+class Phase(enum.Enum):
+    """Where a session is in the SMTP dialogue (RFC 5321 §4.1.4)."""
+
+    GREETED = "greeted"  # no HELO/EHLO yet
+    READY = "ready"  # HELO/EHLO seen, no transaction
+    MAIL = "mail"  # MAIL accepted, no recipient yet
+    RCPT = "rcpt"  # at least one recipient accepted
+
+
+_HELO_FIRST = "503 5.5.1 Error: send HELO/EHLO first"
+# (verb, phase) -> the reply to a command out of sequence (Postfix's smtpd texts).
+_SEQUENCE: dict[tuple[str, Phase], str] = {
+    ("MAIL", Phase.GREETED): _HELO_FIRST,
+    ("MAIL", Phase.MAIL): "503 5.5.1 Error: nested MAIL command",
+    ("MAIL", Phase.RCPT): "503 5.5.1 Error: nested MAIL command",
+    ("RCPT", Phase.GREETED): _HELO_FIRST,
+    ("RCPT", Phase.READY): "503 5.5.1 Error: need MAIL command",
+    ("DATA", Phase.GREETED): _HELO_FIRST,
+    ("DATA", Phase.READY): "503 5.5.1 Error: need RCPT command",
+    ("DATA", Phase.MAIL): "554 5.5.1 Error: no valid recipients",
+    ("AUTH", Phase.GREETED): _HELO_FIRST,
+    ("AUTH", Phase.MAIL): "503 5.5.1 Error: MAIL transaction in progress",
+    ("AUTH", Phase.RCPT): "503 5.5.1 Error: MAIL transaction in progress",
+}
+# Legal moves: event -> phases it may start from -> the phase it leads to.
+_MOVES: dict[str, dict[Phase, Phase]] = {
+    "helo": {p: Phase.READY for p in Phase},
+    "mail": {Phase.READY: Phase.MAIL},
+    "rcpt": {Phase.MAIL: Phase.RCPT, Phase.RCPT: Phase.RCPT},
+    "end": {Phase.MAIL: Phase.READY, Phase.RCPT: Phase.READY},
+    "reset": {
+        Phase.GREETED: Phase.GREETED,
+        Phase.READY: Phase.READY,
+        Phase.MAIL: Phase.READY,
+        Phase.RCPT: Phase.READY,
+    },
+}
+
+
+class Dialogue:
+    """The session's phase and HELO facts; moves are checked against ``_MOVES``."""
+
+    __slots__ = ("extended", "helo_name", "phase")
+
+    def __init__(self) -> None:
+        self.phase = Phase.GREETED
+        self.extended = False  # EHLO (not HELO) was used: ESMTP parameters allowed
+        self.helo_name: str | None = None
+
+    def sequence_error(self, verb: str) -> str | None:
+        """The reply for ``verb`` out of sequence now, or None if it may proceed."""
+        return _SEQUENCE.get((verb, self.phase))
+
+    def move(self, event: str) -> None:
+        """Apply a dialogue event (helo, mail, rcpt, end, reset); InvariantError if illegal."""
+        target = _MOVES[event].get(self.phase)
+        if target is None:
+            raise InvariantError(f"dialogue: {event} in phase {self.phase.name}")
+        self.phase = target
+
+    def helo(self, name: str, *, extended: bool) -> None:
+        """HELO or EHLO: a new start, any transaction is dropped (RFC 5321 §4.1.4)."""
+        self.move("helo")
+        self.helo_name = name
+        self.extended = extended
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.phase in (Phase.MAIL, Phase.RCPT)

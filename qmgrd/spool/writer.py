@@ -1,0 +1,323 @@
+"""Writing one queue file while the message arrives: memory bounded by a small buffer.
+
+Theory of operation
+-------------------
+The listener creates a ``QueueFileWriter`` at MAIL (the envelope head is
+known then: sender, arrival time = MAIL time as in Postfix, DSN and client
+attributes), adds each accepted recipient, then the content as DATA
+arrives. Records are appended to an in-memory buffer; when it holds
+``flush_size`` bytes the caller runs ``flush()`` in a worker thread, which
+creates the temporary file ``incoming/.<id>`` on first use and appends the
+buffer to it. A message that fits in the buffer (the common case) is never
+flushed: ``commit()`` writes it in one go, byte for byte what
+``records.encode_queue_file`` produces. So memory per message is bounded by
+the buffer, not by the number of recipients or the size of the content.
+
+The record format (``qmgrd.spool.records``) puts two values that are only
+known at the end before the data they describe:
+
+- the size record ``C`` at offset 0 (content size and offset, recipient
+  count) has a fixed width: a placeholder is written first and overwritten
+  with ``pwrite`` at commit;
+- the content record's length (``M`` + a varint of the content size) has a
+  variable width. When content starts, ``GAP`` (13) bytes are reserved. At
+  commit, if the gap is still in the buffer, the marker replaces it exactly
+  (the file is then identical to a one-shot write). If it is already on
+  disk, the gap is overwritten with a padding record and then the marker:
+  the padding is a ``D`` record (a recipient that is done, flags 0, an
+  address of 0 to 8 NUL bytes). Every reader already skips D
+  records between the recipients and the content, so the file is valid
+  for the existing reader without any change.
+
+``commit()`` then appends the end record, fsyncs the file, links it to
+``incoming/<id>`` (link never replaces a file; a clash picks a new id) and
+unlinks the temporary name; ``commit_writers`` does that for a batch and
+fsyncs ``incoming/`` once, so a queue id is returned only once the message
+is durable. ``discard()`` removes the temporary file: a refused, reset or
+aborted transaction leaves nothing. Temporaries of a writer that died
+are removed at start-up (``Spool.remove_temp_files``).
+
+Threads: ``flush``, ``commit`` and ``discard`` block on the disk and are
+called from a worker thread; the owner never touches the writer while one
+of them runs. ``add_*`` only append to the buffer and are called on the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.records import (
+    REC_ATTR,
+    REC_CONTENT,
+    REC_DONE,
+    REC_END,
+    REC_SENDER,
+    REC_SIZE,
+    REC_TIME,
+    REC_WARN,
+    RecipientSpec,
+    _encode_recipient,  # the R record encoding, shared with one-shot writes
+    encode_record,
+    encode_varint,
+)
+from qmgrd.spool.store import TEMP_PREFIX, Spool
+
+GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
+FLUSH_SIZE = 128 * 1024
+_SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
+_SIZE_FORMAT = b"%15d %15d %15d %15d"
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeHead:
+    """What is known of a message at MAIL: everything but recipients and content."""
+
+    sender: str  # "" = null sender
+    arrival_time: float
+    envid: str | None = None
+    ret: str | None = None  # FULL | HDRS
+    smtputf8: bool = False
+    body: str | None = None  # 7BIT | 8BITMIME
+    client_name: str | None = None
+    client_addr: str | None = None
+    helo: str | None = None
+    warn_time: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ret not in (None, "FULL", "HDRS"):
+            raise InvariantError(f"bad RET value {self.ret!r}")
+        if self.body not in (None, "7BIT", "8BITMIME"):
+            raise InvariantError(f"bad BODY value {self.body!r}")
+
+    def encode(self) -> bytes:
+        """The T, S, A and W records, in the order ``encode_queue_file`` writes them."""
+
+        def enc(text: str) -> bytes:
+            return text.encode("utf-8", "surrogateescape")
+
+        sec, usec = divmod(round(self.arrival_time * 1e6), 1_000_000)
+        recs = [
+            encode_record(REC_TIME, f"{sec} {usec}".encode()),
+            encode_record(REC_SENDER, enc(self.sender)),
+        ]
+        attrs = {
+            "envid": self.envid,
+            "ret": self.ret,
+            "smtputf8": "1" if self.smtputf8 else None,
+            "body": self.body,
+            "client_name": self.client_name,
+            "client_addr": self.client_addr,
+            "helo": self.helo,
+        }
+        recs += [
+            encode_record(REC_ATTR, enc(f"{k}={v}")) for k, v in attrs.items() if v is not None
+        ]
+        if self.warn_time is not None:
+            recs.append(encode_record(REC_WARN, b"%15d" % self.warn_time))
+        return b"".join(recs)
+
+
+class QueueFileWriter:
+    """One queue file being written (see the module docstring)."""
+
+    __slots__ = (
+        "_buf",
+        "_closed",
+        "_fd",
+        "_flushed",
+        "_gap_at",
+        "_spool",
+        "content_size",
+        "flush_size",
+        "queue_id",
+        "rcpt_count",
+    )
+
+    def __init__(self, spool: Spool, head: EnvelopeHead, *, flush_size: int = FLUSH_SIZE) -> None:
+        self._spool = spool
+        self.flush_size = flush_size
+        self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
+        self._buf += head.encode()
+        self._flushed = 0  # bytes of the file already written (the buffer follows them)
+        self._fd = -1
+        self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
+        self._closed = False
+        self.queue_id: str | None = None  # set when the temporary file is created
+        self.rcpt_count = 0
+        self.content_size = 0
+
+    @property
+    def needs_flush(self) -> bool:
+        """The buffer is full: run ``flush()`` (in a thread) before adding more."""
+        return len(self._buf) >= self.flush_size
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def add_recipient(self, rcpt: RecipientSpec) -> None:
+        if self._gap_at >= 0 or self._closed:
+            raise InvariantError("add_recipient after the content started or after the end")
+        self._buf += _encode_recipient(rcpt)
+        self.rcpt_count += 1
+
+    def begin_content(self) -> None:
+        if self._gap_at >= 0 or self._closed or not self.rcpt_count:
+            raise InvariantError("begin_content twice, after the end or without recipients")
+        self._gap_at = self._flushed + len(self._buf)
+        self._buf += bytes(GAP)
+
+    def add_content(self, data: bytes) -> None:
+        if self._gap_at < 0 or self._closed:
+            raise InvariantError("add_content before begin_content or after the end")
+        self._buf += data
+        self.content_size += len(data)
+
+    # -- disk work (worker thread) -----------------------------------------------------
+
+    def _temp(self) -> Path:
+        if self.queue_id is None:
+            raise InvariantError("no temporary file yet")
+        return self._spool.root / "incoming" / (TEMP_PREFIX + self.queue_id)
+
+    def _open(self) -> None:
+        if self._fd < 0:
+            self.queue_id = self._spool.new_queue_id()
+            # O_EXCL: ids never repeat within a generator, so EEXIST is an error to report.
+            self._fd = os.open(
+                self._temp(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+            )
+
+    def flush(self) -> None:
+        """Append the buffer to the temporary file (created on first use); SpoolError if not."""
+        if self._closed:
+            raise InvariantError("flush after the end")
+        try:
+            self._open()
+            _write_all(self._fd, self._buf)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._flushed += len(self._buf)
+        self._buf = bytearray()
+
+    def commit(self) -> str:
+        """Finish, fsync and link the file into incoming/ (no directory fsync); returns its id.
+
+        The caller fsyncs incoming/ before announcing the id (``commit_writers``).
+        SpoolError if anything fails; nothing is left behind then.
+        """
+        if self._gap_at < 0 or self._closed:
+            raise InvariantError("commit without content or after the end")
+        marker = bytes((REC_CONTENT,)) + encode_varint(self.content_size)
+        try:
+            if self._gap_at >= self._flushed:  # the gap is still in the buffer: no padding
+                at = self._gap_at - self._flushed
+                self._buf[at : at + GAP] = marker
+                content_offset = self._gap_at + len(marker)
+                fixup = b""
+            else:
+                content_offset = self._gap_at + GAP
+                fixup = _padding(GAP - len(marker)) + marker
+            self._buf += encode_record(REC_END, b"")
+            size = encode_record(
+                REC_SIZE, _SIZE_FORMAT % (self.content_size, content_offset, self.rcpt_count, 0)
+            )
+            if self._flushed == 0:
+                self._buf[:_SIZE_RECORD_LEN] = size
+            self._open()
+            _write_all(self._fd, self._buf)
+            if fixup:
+                _pwrite_all(self._fd, fixup, self._gap_at)
+            if self._flushed:
+                _pwrite_all(self._fd, size, 0)
+            if self._spool.fsync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+            temp = self._temp()
+            assert self.queue_id is not None
+            try:
+                os.link(temp, temp.parent / self.queue_id)
+            except FileExistsError:  # a salt collision with another process: a new name
+                self.queue_id = self._spool.new_queue_id()
+                os.link(temp, temp.parent / self.queue_id)
+            os.unlink(temp)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._closed = True
+        self._buf = bytearray()
+        return self.queue_id
+
+    def discard(self) -> None:
+        """Close and remove the temporary file, if any; idempotent, never raises."""
+        self._closed = True
+        self._buf = bytearray()
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+            with contextlib.suppress(OSError):
+                os.unlink(self._temp())
+
+
+def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
+    """Commit several writers with one directory fsync; a result (id or error) per writer.
+
+    A failed directory fsync fails (and unlinks) every item: none of them was
+    acknowledged, so none may stay where the queue manager would find it.
+    """
+    results: list[str | SpoolError] = []
+    for writer in writers:
+        try:
+            results.append(writer.commit())
+        except SpoolError as exc:
+            results.append(exc)
+    committed = [r for r in results if isinstance(r, str)]
+    if committed and spool.fsync:
+        directory = spool.root / "incoming"
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            for queue_id in committed:
+                with contextlib.suppress(OSError):
+                    os.unlink(directory / queue_id)
+            error = SpoolError(f"queue directory sync error: {exc.strerror or exc}")
+            return [error for _ in results]
+    return results
+
+
+def _padding(length: int) -> bytes:
+    """A D record of exactly ``length`` bytes (3..11): flags 0 and a NUL address."""
+    if not 3 <= length <= 129:
+        raise InvariantError(f"padding of {length} bytes")
+    return bytes((REC_DONE, length - 2, 0)) + bytes(length - 3)
+
+
+def _write_all(fd: int, data: bytearray | bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(f"write returned 0 with {len(view)} bytes left")
+        view = view[written:]
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written == 0:
+            raise OSError(f"pwrite returned 0 with {len(view)} bytes left")
+        view = view[written:]
+        offset += written

@@ -1,0 +1,174 @@
+"""The streaming queue-file writer: same files as a one-shot write, bounded buffer, no leftovers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
+from qmgrd.spool.records import encode_queue_file
+from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter, commit_writers
+
+HEAD = EnvelopeHead(
+    sender="s\u00e9@x.test",
+    arrival_time=1_000_000_000.25,
+    envid="e+2B1",
+    ret="HDRS",
+    smtputf8=True,
+    body="8BITMIME",
+    client_name="unknown",
+    client_addr="127.0.0.1",
+    helo="c.test",
+    warn_time=1_000_003_600,
+)
+RCPTS = (
+    RecipientSpec("a@y.test", "rfc822;A@y.test", frozenset({"SUCCESS", "DELAY"})),
+    RecipientSpec('"sp ace"@y.test'),
+    RecipientSpec("postmaster", None, frozenset({"NEVER"})),
+)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "spool")
+    s.ensure_dirs()
+    return s
+
+
+def _write(spool: Spool, content: bytes, *, flush_size: int, piece: int = 1000) -> str:
+    writer = QueueFileWriter(spool, HEAD, flush_size=flush_size)
+    for rcpt in RCPTS:
+        writer.add_recipient(rcpt)
+        if writer.needs_flush:
+            writer.flush()
+    writer.begin_content()
+    for i in range(0, len(content), piece):
+        writer.add_content(content[i : i + piece])
+        if writer.needs_flush:
+            writer.flush()
+        assert writer.buffered < flush_size + piece
+    (result,) = commit_writers(spool, [writer])
+    assert isinstance(result, str)
+    return result
+
+
+def _envelope() -> Envelope:
+    return Envelope(
+        HEAD.sender,
+        RCPTS,
+        HEAD.arrival_time,
+        HEAD.envid,
+        HEAD.ret,
+        HEAD.smtputf8,
+        HEAD.body,
+        HEAD.client_name,
+        HEAD.client_addr,
+        HEAD.helo,
+        HEAD.warn_time,
+    )
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 5000])
+def test_unflushed_message_is_byte_identical_to_a_one_shot_write(spool: Spool, size: int) -> None:
+    """A message that fits the buffer is written once, exactly as encode_queue_file writes it."""
+    content = bytes(range(256)) * (size // 256) + b"z" * (size % 256)
+    qid = _write(spool, content, flush_size=1 << 20)
+    head, tail = encode_queue_file(_envelope(), len(content))
+    assert spool.path("incoming", qid).read_bytes() == head + content + tail
+
+
+@pytest.mark.parametrize("size", [0, 127, 128, 16_383, 16_384, 300_000, 2_097_152])
+@pytest.mark.parametrize("flush_size", [64, 4096, 65536])
+def test_streamed_message_reads_back_with_every_marker_width(
+    spool: Spool, size: int, flush_size: int
+) -> None:
+    """Flushed while written (padding before the content marker): envelope, recipients, content."""
+    content = (b"line of text\r\n" * (size // 14 + 1))[:size]
+    qid = _write(spool, content, flush_size=flush_size, piece=7000)
+    qf = QueueFile.open(spool.path("incoming", qid))
+    assert (qf.sender, qf.arrival_time, qf.rcpt_count, qf.content_size) == (
+        HEAD.sender,
+        HEAD.arrival_time,
+        3,
+        size,
+    )
+    assert (qf.envid, qf.ret, qf.smtputf8, qf.body, qf.helo, qf.warn_time) == (
+        "e+2B1",
+        "HDRS",
+        True,
+        "8BITMIME",
+        "c.test",
+        HEAD.warn_time,
+    )
+    got = [RecipientSpec(r.address, r.orcpt, r.notify) for r in qf.read_all_recipients()]
+    assert got == list(RCPTS)
+    assert read_content(qf.path) == content
+    assert [n for n in os.listdir(spool.root / "incoming") if n.startswith(".")] == []
+
+
+def test_many_recipients_are_flushed_as_they_come(spool: Spool) -> None:
+    """20,000 recipients with a 4 KiB buffer: the buffer stays small, all of them read back."""
+    writer = QueueFileWriter(spool, HEAD, flush_size=4096)
+    for i in range(20_000):
+        writer.add_recipient(RecipientSpec(f"user{i}@d{i % 7}.test"))
+        if writer.needs_flush:
+            writer.flush()
+        assert writer.buffered < 4096 + 100
+    writer.begin_content()
+    writer.add_content(b"hi\r\n")
+    (qid,) = commit_writers(spool, [writer])
+    assert isinstance(qid, str)
+    qf = QueueFile.open(spool.path("incoming", qid))
+    addresses = [r.address for r in qf.read_all_recipients()]
+    assert addresses == [f"user{i}@d{i % 7}.test" for i in range(20_000)]
+    assert qf.rcpt_count == 20_000
+
+
+def test_discard_leaves_nothing_and_is_idempotent(spool: Spool) -> None:
+    """A discarded writer (flushed or not) removes its temporary file; twice is harmless."""
+    writer = QueueFileWriter(spool, HEAD, flush_size=16)
+    writer.add_recipient(RCPTS[0])
+    writer.flush()
+    assert len(os.listdir(spool.root / "incoming")) == 1
+    writer.discard()
+    writer.discard()
+    assert os.listdir(spool.root / "incoming") == []
+    with pytest.raises(InvariantError):
+        writer.flush()
+
+
+def test_a_write_failure_is_a_spool_error_and_leaves_nothing(spool: Spool) -> None:
+    """With incoming/ gone, flush and commit raise SpoolError and no file remains anywhere."""
+    (spool.root / "incoming").rmdir()
+    writer = QueueFileWriter(spool, HEAD)
+    writer.add_recipient(RCPTS[0])
+    writer.begin_content()
+    writer.add_content(b"x")
+    (result,) = commit_writers(spool, [writer])
+    assert isinstance(result, SpoolError)
+    writer2 = QueueFileWriter(spool, HEAD, flush_size=1)
+    writer2.add_recipient(RCPTS[0])
+    with pytest.raises(SpoolError):
+        writer2.flush()
+    (spool.root / "incoming").mkdir()
+    assert os.listdir(spool.root / "incoming") == []
+
+
+def test_misuse_is_a_bug(spool: Spool) -> None:
+    """Content before a recipient, a recipient after content, commit without content: bugs."""
+    writer = QueueFileWriter(spool, HEAD)
+    with pytest.raises(InvariantError):
+        writer.begin_content()
+    with pytest.raises(InvariantError):
+        writer.add_content(b"x")
+    writer.add_recipient(RCPTS[0])
+    with pytest.raises(InvariantError):
+        writer.commit()
+    writer.begin_content()
+    with pytest.raises(InvariantError):
+        writer.add_recipient(RCPTS[1])
+    with pytest.raises(InvariantError):
+        EnvelopeHead("s@x", 1.0, ret="SOME")
