@@ -24,13 +24,9 @@ import pytest
 from qmgrd.delivery.agent import DeliveryResult, Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.dnsserver import DnsResponder, dns_responder
-    from tests.integration.sinks import make_request
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from dnsserver import DnsResponder, dns_responder  # type: ignore[no-redef]
-    from sinks import make_request  # type: ignore[no-redef]
+from tests.integration.dnsserver import DnsResponder, dns_responder
+from tests.integration.sinks import make_request
+from tests.support.waits import wait_until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 T = 0.5  # every SMTP timeout in these tests: a stalled server costs half a second
@@ -140,11 +136,14 @@ async def _deliver(
 @pytest.fixture
 async def no_leaks() -> AsyncIterator[None]:
     """Fail the test if it leaves asyncio tasks or file descriptors behind."""
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: tasks the fixture setup scheduled start
     tasks, fds = len(asyncio.all_tasks()), _fds()
     yield
-    for _ in range(3):  # let transports finish closing (a few loop iterations, no timing)
-        await asyncio.sleep(0)
+    # Transports finish closing on later loop turns, with no event to wait on: a bounded poll.
+    with contextlib.suppress(AssertionError):
+        await wait_until(
+            lambda: len(asyncio.all_tasks()) == tasks and _fds() == fds, "tasks and fds", 2.0
+        )
     assert len(asyncio.all_tasks()) == tasks, asyncio.all_tasks()
     assert _fds() == fds
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from qmgrd.daemon.clock import FakeClock
 from tests.integration.e2e import (
     commit,
     offline_spool,
     running_daemon,
     sent_events,
     status_events,
-    write_config,
 )
 from tests.integration.sinks import SinkConfig, smtp_sink
+from tests.support.clock import FakeClock
+from tests.support.config import write_config
 
 WINDOW = 4
 

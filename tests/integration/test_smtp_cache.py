@@ -9,11 +9,8 @@ from dataclasses import dataclass, field
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.sinks import make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from sinks import make_request, smtp_sink  # type: ignore[no-redef]
+from tests.integration.sinks import make_request, smtp_sink
+from tests.support.clock import FakeClock
 
 
 @dataclass
@@ -45,16 +42,6 @@ class FakeHandle:
 
     def cancel(self) -> None:
         self.cancelled = True
-
-
-@dataclass
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _settings(**kwargs: object) -> SmtpSettings:
@@ -120,7 +107,7 @@ async def test_reuse_time_limit() -> None:
         flags = {"cache_load": True, "cache_store": True}
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
-        clock.now += 301
+        clock.advance(301)
         await agent.deliver(make_request(sink.nexthop, ["c@x.test"], **flags))
         await agent.deliver(make_request(sink.nexthop, ["d@x.test"], **flags))
         await agent.close()
@@ -138,10 +125,7 @@ async def test_idle_session_expires_with_quit() -> None:
         assert len(agent.cache) == 1
         assert timers.fire_all() == 1
         assert len(agent.cache) == 0
-        for _ in range(200):  # bounded wait for the background QUIT
-            if "QUIT" in sink.commands:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_for(lambda: "QUIT" in sink.commands, "the background QUIT")
         await agent.deliver(
             make_request(sink.nexthop, ["b@x.test"], cache_load=True, cache_store=True)
         )
@@ -159,10 +143,7 @@ async def test_dead_cached_session_is_replaced() -> None:
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         for protocol in list(sink._protocols):  # the server drops idle connections
             protocol.transport.close()
-        for _ in range(200):
-            if sink.active == 0:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_for(lambda: sink.active == 0, "the server to drop its connections")
         result = await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
         await agent.close()
     assert result.recipients[0].outcome is Outcome.SENT

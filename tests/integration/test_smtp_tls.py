@@ -12,25 +12,7 @@ import trustme
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.sinks import SinkConfig, make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from sinks import SinkConfig, make_request, smtp_sink  # type: ignore[no-redef]
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    """A throwaway certificate authority."""
-    return trustme.CA()
-
-
-@pytest.fixture
-def server_tls(ca: trustme.CA) -> ssl.SSLContext:
-    """A server context with a certificate for 127.0.0.1 signed by the test CA."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(ctx)
-    return ctx
+from tests.integration.sinks import SinkConfig, make_request, smtp_sink
 
 
 @pytest.fixture

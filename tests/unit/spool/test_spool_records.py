@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,13 +49,6 @@ _envelope = st.builds(
 _settings = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
 
 
 def _specs(qf: QueueFile) -> list[RecipientSpec]:
