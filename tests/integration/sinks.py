@@ -132,7 +132,7 @@ class _Handler:
         return f"250 2.0.0 Ok: queued as S{len(self.server.messages)}"
 
 
-class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
+class _SinkSMTP(_AioSMTP):
     """aiosmtpd's protocol with connection accounting and failure knobs."""
 
     def __init__(self, server: SinkServer, **kwargs: Any) -> None:
@@ -158,17 +158,21 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
             self._sink.changes.notify()
         super().connection_lost(error)
 
+    def _hang_up(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
     async def _handle_client(self) -> None:
         cfg = self._sink.config
         if cfg.max_sessions and self._sink.active > cfg.max_sessions:
             self._sink.refused += 1
             await self.push("421 4.7.0 Too many concurrent sessions, try again later")
-            self.transport.close()
+            self._hang_up()
             return
         if cfg.greeting is not None:
             await self.push(cfg.greeting)
             if not cfg.greeting.startswith("2"):
-                self.transport.close()
+                self._hang_up()
                 return
         await self._sink._pause("greeting")
         await super()._handle_client()
@@ -208,18 +212,18 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
         self._sink._command("STARTTLS")
         if self._sink.config.break_starttls:
             await self.push("220 Ready to start TLS")
-            self.transport.close()
+            self._hang_up()
             return
         await super().smtp_STARTTLS(arg)
 
     async def smtp_DATA(self, arg: str) -> None:
         self._sink._command("DATA")
         await self._sink._pause("DATA")
-        if self._sink.config.drop_in_data and self.envelope.rcpt_tos:
+        if self._sink.config.drop_in_data and self.envelope is not None and self.envelope.rcpt_tos:
             await self.push("354 End data with <CR><LF>.<CR><LF>")
             await self._reader.readline()
             self._sink.dropped += 1
-            self.transport.close()
+            self._hang_up()
             return
         await super().smtp_DATA(arg)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.mx import Destination, DnsFailure, Endpoint, MxResolver
@@ -25,14 +26,14 @@ RECORDS = {
 FAILURES = {"servfail.test": "SERVFAIL", "slow.test": "timeout"}
 
 
-def _settings(nameserver: str, **kwargs: object) -> SmtpSettings:
+def _settings(nameserver: str, **kwargs: Any) -> SmtpSettings:
     return SmtpSettings(
         helo_name="client.test",
         dns_nameservers=(nameserver,),
         dns_timeout=0.5,
         connect_timeout=5,
         helo_timeout=5,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 

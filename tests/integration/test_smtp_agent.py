@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from qmgrd.delivery.agent import Outcome
+from qmgrd.delivery.mx import Destination, DnsFailure, Endpoint, MxResolver
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
 from tests.integration.sinks import MESSAGE, SinkConfig, make_request, smtp_sink
@@ -291,11 +292,11 @@ async def test_content_read_error_defers_without_hop() -> None:
 async def test_unexpected_exception_becomes_deferral() -> None:
     """An unexpected exception inside the agent is returned as a 4.3.0 deferral, never raised."""
 
-    class ExplodingResolver:
-        async def lookup(self, dest: object) -> object:
+    class ExplodingResolver(MxResolver):
+        async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
             raise RuntimeError("boom")
 
-    agent = SmtpAgent(FAST, resolver=ExplodingResolver())  # type: ignore[arg-type]
+    agent = SmtpAgent(FAST, resolver=ExplodingResolver())
     result = await agent.deliver(make_request("example.test", ["a@x.test", "b@x.test"]))
     await agent.close()
     assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.0")}

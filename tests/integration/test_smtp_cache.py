@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.settings import SmtpSettings
@@ -44,8 +45,8 @@ class FakeHandle:
         self.cancelled = True
 
 
-def _settings(**kwargs: object) -> SmtpSettings:
-    return SmtpSettings(helo_name="client.test", connect_timeout=5, helo_timeout=5, **kwargs)  # type: ignore[arg-type]
+def _settings(**kwargs: Any) -> SmtpSettings:
+    return SmtpSettings(helo_name="client.test", connect_timeout=5, helo_timeout=5, **kwargs)
 
 
 async def test_back_to_back_deliveries_reuse_one_session() -> None:
@@ -104,7 +105,7 @@ async def test_reuse_time_limit() -> None:
     clock = FakeClock()
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings(connection_reuse_time_limit=300), clock=clock)
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
         clock.advance(301)
@@ -139,9 +140,10 @@ async def test_dead_cached_session_is_replaced() -> None:
     """A cached session the server closed fails its RSET probe and a new connection is used."""
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings())
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         for protocol in list(sink._protocols):  # the server drops idle connections
+            assert protocol.transport is not None
             protocol.transport.close()
         await sink.wait_for(lambda: sink.active == 0, "the server to drop its connections")
         result = await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
@@ -155,7 +157,7 @@ async def test_concurrent_deliveries_share_the_cache() -> None:
     """Concurrent deliveries open at most one session each, then later ones reuse them."""
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings())
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         for batch in range(4):
             results = await asyncio.gather(
                 *(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -23,14 +24,14 @@ def ca_file(ca: trustme.CA, tmp_path: Path) -> Iterator[str]:
     yield str(path)
 
 
-def _settings(level: str, **kwargs: object) -> SmtpSettings:
+def _settings(level: str, **kwargs: Any) -> SmtpSettings:
     return SmtpSettings(
         helo_name="client.test",
         tls_security_level=level,
         connect_timeout=5,
         helo_timeout=5,
         starttls_timeout=5,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 

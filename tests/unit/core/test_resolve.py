@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from qmgrd.core.resolve import (
@@ -127,9 +129,9 @@ def test_empty_table_matches_nothing() -> None:
     assert EMPTY.lookup("u@x.test") is None
 
 
-def resolver(**kwargs: object) -> Resolver:
+def resolver(**kwargs: Any) -> Resolver:
     """A resolver over the test tables with extra settings."""
-    return Resolver(ResolverSettings(transport_table=table(), **kwargs))  # type: ignore[arg-type]
+    return Resolver(ResolverSettings(transport_table=table(), **kwargs))
 
 
 @pytest.mark.parametrize(

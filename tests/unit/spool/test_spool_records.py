@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,9 +21,9 @@ from qmgrd.spool import (
     rewrite_warn_time,
 )
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-_notify = st.one_of(
-    st.just(frozenset()),
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
+_notify: st.SearchStrategy[frozenset[str]] = st.one_of(
+    st.just(frozenset[str]()),
     st.just(frozenset({"NEVER"})),
     st.frozensets(st.sampled_from(["SUCCESS", "FAILURE", "DELAY"]), min_size=1),
 )
@@ -142,11 +144,13 @@ def test_warn_time_rewritten_in_place(spool: Spool) -> None:
         (lambda b: b"", "truncated"),
     ],
 )
-def test_damaged_files_raise_spool_error(spool: Spool, damage: object, reason: str) -> None:
+def test_damaged_files_raise_spool_error(
+    spool: Spool, damage: Callable[[bytes], bytes], reason: str
+) -> None:
     """Truncated, extended or overwritten files raise SpoolError naming what is wrong."""
     env = Envelope("s@x", (RecipientSpec("a@x"),), 1.0)
     path = spool.path("incoming", spool.commit(env, b"content\r\n"))
-    path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
+    path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(SpoolError, match=reason):
         QueueFile.open(path)
 
