@@ -84,6 +84,15 @@ async def _converse(port: int, data: bytes, *, limit: float = TIMEOUT) -> list[s
     return replies
 
 
+async def _replies_until_close(reader: asyncio.StreamReader) -> list[str]:
+    """Every reply line until the server closes the connection (bounded)."""
+    replies = []
+    async with asyncio.timeout(TIMEOUT):
+        while line := await reader.readline():
+            replies.append(line.decode().rstrip("\r\n"))
+    return replies
+
+
 def _queued_ids(replies: list[str]) -> list[str]:
     return [m.group(1) for r in replies if (m := _QUEUED.match(r))]
 
@@ -135,10 +144,7 @@ async def test_oversized_body_is_refused_and_memory_stays_bounded(server: Listen
         writer.write(chunk)
         await asyncio.wait_for(writer.drain(), TIMEOUT)
     writer.write(b"\r\n.\r\nQUIT\r\n")
-    replies = []
-    async with asyncio.timeout(TIMEOUT):
-        while line := await reader.readline():
-            replies.append(line.decode().rstrip("\r\n"))
+    replies = await _replies_until_close(reader)
     writer.close()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert "552 5.3.4 Message size exceeds fixed limit" in replies, replies
@@ -157,10 +163,7 @@ async def test_overlong_command_lines_get_500_and_memory_stays_bounded(server: L
         writer.write(b"z" * (1 << 20))
         await asyncio.wait_for(writer.drain(), TIMEOUT)
     writer.write(b">\r\nNOOP " + b"n" * 100_000 + b"\r\nNOOP\r\nQUIT\r\n")
-    replies = []
-    async with asyncio.timeout(TIMEOUT):
-        while line := await reader.readline():
-            replies.append(line.decode().rstrip("\r\n"))
+    replies = await _replies_until_close(reader)
     writer.close()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     codes = [r[:3] for r in replies if not r.startswith("250-")]
