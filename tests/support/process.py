@@ -27,6 +27,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +67,11 @@ class DaemonProcess:
         self._eof = False
         self._cond = threading.Condition()
         self.changes = Changes()
+        self._notify_dir: Path | None = None
         self._notify_path = conf.parent / f"notify-{os.getpid()}-{next(_serial)}.sock"
+        if len(str(self._notify_path)) > 100:  # AF_UNIX paths hold 107 bytes at most
+            self._notify_dir = Path(tempfile.mkdtemp(prefix="qmgrd-notify-"))
+            self._notify_path = self._notify_dir / "notify.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(str(self._notify_path))
         self._proc: subprocess.Popen[bytes] | None = None
@@ -202,6 +207,8 @@ class DaemonProcess:
         self._notify.close()
         with contextlib.suppress(FileNotFoundError):
             self._notify_path.unlink()
+        if self._notify_dir is not None:
+            self._notify_dir.rmdir()
 
 
 @contextlib.contextmanager
