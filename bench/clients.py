@@ -31,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from memory import Daemon, _free_port, _status
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.memory import Daemon, _free_port, _status
 from qmgrd.listener.auth import hash_password
 
 DATA_SESSIONS = 150

@@ -52,8 +52,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procwatch import Tree, Usage, descendants, sample  # a sibling script, not a package
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.procwatch import Tree, Usage, descendants, sample  # a sibling script, not a package
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024

@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO))
 
-import throughput as tp  # noqa: E402  (bench/ is not a package)
+import bench.throughput as tp  # noqa: E402
 
 MODES = {
     "plain": "",
@@ -81,7 +81,7 @@ def _sink(certdir: str, tls: bool) -> None:
         counters["auth"] += 1
         return AuthResult(success=True)
 
-    class Smarthost(SMTP):  # type: ignore[misc]
+    class Smarthost(SMTP):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             if not getattr(self, "_counted", False):
                 self._counted = True

@@ -1,11 +1,30 @@
-"""Build a running engine's parts from a `Config`: scheduler, resolver, agents.
+"""The composition root: build the daemon's parts from a `Config` and run them.
 
-Kept apart from the engine so that the engine takes plain collaborators (tests
-hand it fakes) and a reload can rebuild exactly these pieces.
+``create_engine`` wires an engine from its plain collaborators (scheduler,
+resolver, agents), kept apart from the engine so that tests can hand it fakes
+and ``reload_engine`` can rebuild exactly these pieces on SIGHUP.
+
+``Daemon`` is the whole daemon on one event loop: spool, engine, control
+socket, metrics endpoints and SMTP listener. ``qmgrd run`` (``run.serve``) and
+the end-to-end tests build it the same way; tests may pass a fake clock, a
+spool without fsync and their own agents. ``start`` brings the parts up in
+the order mail safety needs, ``stop`` takes them down in reverse:
+
+1. the spool directories, then the engine, which recovers ``active/`` and
+   scans ``incoming/`` before it delivers;
+2. the control socket (operator commands wait for the engine to start);
+3. once recovery is over (it removes dead writers' temporaries, which could
+   race a live commit): the metrics endpoints, then the listener, whose
+   commits wake the engine. Only then is mail accepted.
+
+An engine that fails during start-up makes ``start`` raise (everything started
+is closed again); one that fails later makes ``wait`` raise.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,8 +32,10 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
+from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
+from qmgrd.daemon.metrics import Metrics, spool_queue_counts, start_metrics_server
 from qmgrd.daemon.settings import (
     delivery_services,
     engine_settings,
@@ -26,6 +47,7 @@ from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
+from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.log import get_logger
 from qmgrd.spool import Spool
 
@@ -100,3 +122,117 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         agents=agents,
     )
     return cfg
+
+
+class Daemon:
+    """The daemon's parts on one event loop (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        clock: Clock | None = None,
+        fsync: bool = True,
+        agents: dict[str, Agent] | None = None,
+    ) -> None:
+        """Build (not start) every part; ``agents`` replaces master.cf's agents (tests)."""
+        self.cfg = cfg
+        self.spool = Spool(cfg.get_path("queue_directory"), fsync=fsync)
+        self.clock: Clock = clock or SystemClock()
+        self.metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(self.spool.root))
+        self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
+        self.engine.metrics = self.metrics
+        self.metrics.status_fn = self.engine.status
+        self.control: ControlServer | None = None
+        self.listener: ListenerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The engine's task (after ``start``)."""
+        assert self._task is not None, "the daemon was not started"
+        return self._task
+
+    async def start(self, *, listen: bool = True) -> None:
+        """Start every part in order; with ``listen`` False, no SMTP listener (tests)."""
+        self.spool.ensure_dirs()
+        self._task = asyncio.get_running_loop().create_task(self.engine.run())
+        self._stack.push_async_callback(self._stop_engine)
+        try:
+            self.control = await start_control_server(
+                control_socket_path(self.spool.root), self.engine, self.spool
+            )
+            self._stack.push_async_callback(_close_control, self.control)
+            await self._started()
+            for host, port in self.cfg.get_hostports("metrics_listen"):
+                try:
+                    server = await start_metrics_server(host, port, self.metrics)
+                except OSError as exc:
+                    raise ConfigError(
+                        f"metrics_listen: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                    ) from exc
+                self._stack.push_async_callback(server.aclose)
+            if listen:
+                self.listener = await start_listener(
+                    ListenerSettings.from_config(self.cfg),
+                    self.spool,
+                    on_commit=self.engine.notify_incoming,
+                )
+                self._stack.push_async_callback(self._close_listener)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+
+    async def _started(self) -> None:
+        """Wait for the engine's startup recovery (or its failure, which is then raised)."""
+        started = asyncio.ensure_future(self.engine.wait_started())
+        await asyncio.wait({started, self.task}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            started.cancel()
+            self.task.result()
+
+    async def wait(self, stop: asyncio.Event) -> None:
+        """Run until ``stop`` is set; an engine that ends on its own raises its error here."""
+        stop_wait = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {stop_wait, self.task}, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stop_wait.cancel()
+        if self.task in done:
+            self.task.result()  # an engine crash is fatal: surface it
+
+    def reload(self) -> bool:
+        """SIGHUP: apply the configuration files again; False (old one kept) if refused."""
+        new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg)
+        if new_cfg is None:
+            return False
+        self.cfg = new_cfg
+        if self.listener is not None:
+            try:
+                self.listener.update(ListenerSettings.from_config(new_cfg))
+            except (ConfigError, ValueError) as exc:
+                get_logger("master").error(f"listener settings not reloaded: {exc}")
+        return True
+
+    async def stop(self) -> None:
+        """Stop accepting mail, close the control socket, then let the engine drain."""
+        await self._stack.aclose()
+
+    async def _stop_engine(self) -> None:
+        self.engine.stop()
+        if self._task is not None and not self._task.done():
+            await self._task
+
+    async def _close_listener(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            await self.listener.wait_closed()
+            self.listener = None
+
+
+async def _close_control(control: ControlServer) -> None:
+    control.close()
+    await control.wait_closed()

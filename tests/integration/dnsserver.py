@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import cast
 
 import dns.flags
 import dns.message
@@ -58,7 +59,8 @@ class DnsResponder(asyncio.DatagramProtocol):
         return f"{self.host}:{self.port}"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a datagram transport
+        # create_datagram_endpoint hands its protocol a datagram transport.
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         try:

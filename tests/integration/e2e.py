@@ -8,12 +8,12 @@ Usage::
         qid = d.enqueue("s@src.test", ["r@dst.test"])         # straight into incoming/
         await d.wait_idle()
 
-The daemon is the composition ``qmgrd.daemon.run.serve`` makes (engine from
-``create_engine``, listener from ``start_listener`` with the engine's
-``notify_incoming`` as its commit hook), built here by hand so a test can hand
-in a ``FakeClock`` and a spool without fsync (durability is not what these
+The daemon is the one ``qmgrd run`` runs: ``qmgrd.daemon.assemble.Daemon``
+(spool, engine, control socket, metrics, listener), with a ``FakeClock`` when
+the test hands one in and a spool without fsync (durability is not what these
 tests are about, and fsync would dominate their run time). Agents are the
-real ones from master.cf unless the test passes its own.
+real ones from master.cf unless the test passes its own. The configuration
+comes from ``tests.support.config.write_config``.
 
 Everything binds 127.0.0.1 port 0; every wait is bounded by ``TIMEOUT``.
 """
@@ -30,47 +30,29 @@ from typing import Any
 import aiosmtplib
 
 from qmgrd.config import Config, load_config
-from qmgrd.daemon.assemble import create_engine
-from qmgrd.daemon.clock import Clock, SystemClock
+from qmgrd.daemon.assemble import Daemon
+from qmgrd.daemon.clock import Clock
 from qmgrd.daemon.engine import Engine
 from qmgrd.delivery.agent import Agent
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.spool import Envelope, RecipientSpec, Spool
+from tests.integration.sinks import SinkServer
+from tests.support.config import write_config
+
+__all__ = [
+    "TIMEOUT",
+    "InProcessDaemon",
+    "commit",
+    "message_bytes",
+    "offline_spool",
+    "running_daemon",
+    "sent_events",
+    "start_daemon",
+    "status_events",
+    "wait_for_messages",
+    "write_config",
+]
 
 TIMEOUT = 30.0
-
-MASTER_CF = (
-    "smtp      unix  -       -       n       -       -       smtp\n"
-    "relay     unix  -       -       n       -       -       smtp\n"
-    "discard   unix  -       -       n       -       -       discard\n"
-    "error     unix  -       -       n       -       -       error\n"
-    "retry     unix  -       -       n       -       -       retry\n"
-)
-
-
-def write_config(root: Path, *, main: str = "", master: str = "") -> Path:
-    """Write ``root/etc/{main,master}.cf`` for a daemon whose spool is ``root/spool``.
-
-    The listener binds 127.0.0.1 on a free port; ``main`` and ``master`` are
-    appended to the base files (a later main.cf line overrides an earlier one).
-    Connect and command timeouts are short so a broken test fails in seconds.
-    """
-    conf = root / "etc"
-    conf.mkdir(parents=True, exist_ok=True)
-    (conf / "main.cf").write_text(
-        f"queue_directory = {root / 'spool'}\n"
-        "smtpd_listen = 127.0.0.1:0\n"
-        "myhostname = mx.test\n"
-        "smtp_helo_name = mx.test\n"
-        "smtp_connect_timeout = 5s\n"
-        "smtp_helo_timeout = 10s\n"
-        "smtp_mail_timeout = 10s\n"
-        "smtp_rcpt_timeout = 10s\n"
-        "smtp_data_done_timeout = 10s\n"
-        f"{main}\n"
-    )
-    (conf / "master.cf").write_text(MASTER_CF + master)
-    return conf
 
 
 def message_bytes(subject: str = "test", size: int = 0) -> bytes:
@@ -111,22 +93,42 @@ def offline_spool(conf: Path) -> Spool:
 
 
 @dataclass(slots=True, eq=False)
-class Daemon:
+class InProcessDaemon:
     """One running in-process daemon (see the module docstring)."""
 
-    cfg: Config
-    spool: Spool
-    engine: Engine
-    clock: Clock
-    listener: ListenerHandle | None
-    task: asyncio.Task[None]
+    parts: Daemon
     submitted: list[str] = field(default_factory=list)
+
+    @property
+    def cfg(self) -> Config:
+        """The configuration it runs with."""
+        return self.parts.cfg
+
+    @property
+    def spool(self) -> Spool:
+        """Its spool."""
+        return self.parts.spool
+
+    @property
+    def engine(self) -> Engine:
+        """Its engine."""
+        return self.parts.engine
+
+    @property
+    def clock(self) -> Clock:
+        """The engine's clock (the test's ``FakeClock`` if it passed one)."""
+        return self.parts.clock
+
+    @property
+    def task(self) -> asyncio.Task[None]:
+        """The engine's task."""
+        return self.parts.task
 
     @property
     def port(self) -> int:
         """The listener's bound port."""
-        assert self.listener is not None, "started without a listener"
-        return self.listener.addresses[0][1]
+        assert self.parts.listener is not None, "started without a listener"
+        return self.parts.listener.addresses[0][1]
 
     async def submit(
         self, sender: str, recipients: Iterable[str], content: bytes | None = None
@@ -199,14 +201,8 @@ class Daemon:
         return self.spool.list_ids(queue)
 
     async def stop(self) -> None:
-        """Close the listener, stop the engine and wait for it (bounded)."""
-        if self.listener is not None:
-            self.listener.close()
-            await asyncio.wait_for(self.listener.wait_closed(), TIMEOUT)
-            self.listener = None
-        self.engine.stop()
-        if not self.task.done():
-            await asyncio.wait_for(asyncio.shield(self.task), TIMEOUT)
+        """Stop the daemon (listener first, engine last) and wait for it (bounded)."""
+        await asyncio.wait_for(self.parts.stop(), TIMEOUT)
 
 
 async def start_daemon(
@@ -216,63 +212,34 @@ async def start_daemon(
     agents: dict[str, Agent] | None = None,
     listen: bool = True,
     fsync: bool = False,
-) -> Daemon:
+) -> InProcessDaemon:
     """Start the engine (recovery and the incoming scan run first) and, with ``listen``, SMTP."""
     cfg = load_config(conf, hostname="mx.test")
-    spool = Spool(cfg.get_path("queue_directory"), fsync=fsync)
-    spool.ensure_dirs()
-    clock = clock or SystemClock()
-    engine = create_engine(cfg, spool=spool, clock=clock, agents=agents)
-    task = asyncio.get_running_loop().create_task(engine.run())
-    await engine.wait_started()  # recovery removes dead writers' temporaries: finish it first
-    listener = None
-    if listen:
-        try:
-            listener = await start_listener(
-                ListenerSettings.from_config(cfg), spool, on_commit=engine.notify_incoming
-            )
-        except BaseException:
-            engine.stop()
-            await task
-            raise
-    return Daemon(cfg, spool, engine, clock, listener, task)
+    parts = Daemon(cfg, clock=clock, fsync=fsync, agents=agents)
+    await asyncio.wait_for(parts.start(listen=listen), TIMEOUT)
+    return InProcessDaemon(parts)
 
 
 @contextlib.asynccontextmanager
-async def running_daemon(conf: Path, **kwargs: Any) -> AsyncIterator[Daemon]:
+async def running_daemon(
+    conf: Path,
+    *,
+    clock: Clock | None = None,
+    agents: dict[str, Agent] | None = None,
+    listen: bool = True,
+    fsync: bool = False,
+) -> AsyncIterator[InProcessDaemon]:
     """``start_daemon`` as a context manager that always stops the daemon."""
-    daemon = await start_daemon(conf, **kwargs)
+    daemon = await start_daemon(conf, clock=clock, agents=agents, listen=listen, fsync=fsync)
     try:
         yield daemon
     finally:
         await daemon.stop()
 
 
-class _WatchedList(list[Any]):
-    """A list that sets an event once it holds ``threshold`` items (no polling)."""
-
-    def __init__(self, items: Iterable[Any], threshold: int, event: asyncio.Event) -> None:
-        super().__init__(items)
-        self.threshold = threshold
-        self.event = event
-        if len(self) >= threshold:
-            event.set()
-
-    def append(self, item: Any) -> None:
-        super().append(item)
-        if len(self) >= self.threshold:
-            self.event.set()
-
-
-async def wait_for_messages(sink: Any, count: int, timeout: float = TIMEOUT) -> None:
-    """Wait until the sink (``tests.integration.sinks.SinkServer``) accepted ``count`` messages.
-
-    The sink's ``messages`` list is swapped for one that signals when it is
-    long enough, so the wait wakes on the append itself, never by polling.
-    """
-    event = asyncio.Event()
-    sink.messages = _WatchedList(sink.messages, count, event)
-    await asyncio.wait_for(event.wait(), timeout)
+async def wait_for_messages(sink: SinkServer, count: int, timeout: float = TIMEOUT) -> None:
+    """Wait until the sink accepted ``count`` messages (woken by each one, no polling)."""
+    await sink.wait_messages(count, timeout)
 
 
 def sent_events(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:

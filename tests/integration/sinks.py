@@ -9,13 +9,15 @@ Usage::
 
 ``SinkServer`` records every accepted message (envelope and raw content),
 counts connections, current and peak concurrent sessions, and commands seen.
+Tests wait for any of that on an event: ``await sink.wait_for(predicate, what)``
+wakes at each change (``wait_messages``, ``wait_stalled`` for the usual ones).
 ``SinkConfig`` holds the knobs:
 
 - ``delay``: seconds to wait before answering MAIL, RCPT and DATA (a slow
   server); ``stall``: commands (``"greeting"``, ``"EHLO"``, ``"MAIL"``,
   ``"RCPT"``, ``"DATA"``, ``"DOT"`` = end of data) at which the server stops
   answering until ``release()`` or the server stops (for timeout tests without
-  sleeping in the test);
+  sleeping in the test; ``stalled`` lists the stages sessions stopped at);
 - ``rcpt_replies``: address → (code, text) replies to RCPT;
   ``mail_reply``, ``data_reply``: a fixed reply to MAIL / end of DATA;
 - ``greeting``: the greeting line (``"421 busy"``, ``"554 go away"``);
@@ -38,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,7 @@ from aiosmtpd.smtp import Envelope, Session
 
 from qmgrd.delivery.agent import DeliveryRequest, Recipient
 from qmgrd.delivery.content import BytesContent
+from tests.support.waits import TIMEOUT, Changes
 
 
 @dataclass(slots=True)
@@ -125,10 +128,11 @@ class _Handler:
                 peer_tls=session.ssl is not None,
             )
         )
+        self.server.changes.notify()
         return f"250 2.0.0 Ok: queued as S{len(self.server.messages)}"
 
 
-class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
+class _SinkSMTP(_AioSMTP):
     """aiosmtpd's protocol with connection accounting and failure knobs."""
 
     def __init__(self, server: SinkServer, **kwargs: Any) -> None:
@@ -143,6 +147,7 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
             self._sink.connections += 1
             self._sink.active += 1
             self._sink.peak = max(self._sink.peak, self._sink.active)
+            self._sink.changes.notify()
         super().connection_made(transport)
 
     def connection_lost(self, error: Exception | None) -> None:
@@ -150,19 +155,24 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
             self._counted = False
             self._sink.active -= 1
             self._sink._protocols.discard(self)
+            self._sink.changes.notify()
         super().connection_lost(error)
+
+    def _hang_up(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
 
     async def _handle_client(self) -> None:
         cfg = self._sink.config
         if cfg.max_sessions and self._sink.active > cfg.max_sessions:
             self._sink.refused += 1
             await self.push("421 4.7.0 Too many concurrent sessions, try again later")
-            self.transport.close()
+            self._hang_up()
             return
         if cfg.greeting is not None:
             await self.push(cfg.greeting)
             if not cfg.greeting.startswith("2"):
-                self.transport.close()
+                self._hang_up()
                 return
         await self._sink._pause("greeting")
         await super()._handle_client()
@@ -179,7 +189,7 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
         await super().push(status)
 
     async def smtp_EHLO(self, hostname: str) -> None:
-        self._sink.commands.append("EHLO")
+        self._sink._command("EHLO")
         await self._sink._pause("EHLO")
         if not self._sink.config.ehlo:
             await self.push("502 5.5.2 Error: command not recognized")
@@ -187,33 +197,33 @@ class _SinkSMTP(_AioSMTP):  # type: ignore[misc]
         await super().smtp_EHLO(hostname)
 
     async def smtp_HELO(self, hostname: str) -> None:
-        self._sink.commands.append("HELO")
+        self._sink._command("HELO")
         await super().smtp_HELO(hostname)
 
     async def smtp_RSET(self, arg: str) -> None:
-        self._sink.commands.append("RSET")
+        self._sink._command("RSET")
         await super().smtp_RSET(arg)
 
     async def smtp_QUIT(self, arg: str) -> None:
-        self._sink.commands.append("QUIT")
+        self._sink._command("QUIT")
         await super().smtp_QUIT(arg)
 
     async def smtp_STARTTLS(self, arg: str) -> None:
-        self._sink.commands.append("STARTTLS")
+        self._sink._command("STARTTLS")
         if self._sink.config.break_starttls:
             await self.push("220 Ready to start TLS")
-            self.transport.close()
+            self._hang_up()
             return
         await super().smtp_STARTTLS(arg)
 
     async def smtp_DATA(self, arg: str) -> None:
-        self._sink.commands.append("DATA")
+        self._sink._command("DATA")
         await self._sink._pause("DATA")
-        if self._sink.config.drop_in_data and self.envelope.rcpt_tos:
+        if self._sink.config.drop_in_data and self.envelope is not None and self.envelope.rcpt_tos:
             await self.push("354 End data with <CR><LF>.<CR><LF>")
             await self._reader.readline()
             self._sink.dropped += 1
-            self.transport.close()
+            self._hang_up()
             return
         await super().smtp_DATA(arg)
 
@@ -234,6 +244,8 @@ class SinkServer:
         self.peak = 0
         self.refused = 0
         self.dropped = 0
+        self.stalled: list[str] = []  # stages at which a session stopped to wait for release()
+        self.changes = Changes()
         self._server: asyncio.Server | None = None
         self._protocols: set[_SinkSMTP] = set()
         self._release = asyncio.Event()
@@ -247,10 +259,37 @@ class SinkServer:
         """Let stalled commands proceed (and every later one)."""
         self._release.set()
 
+    async def wait_for(
+        self, predicate: Callable[[], bool], what: str, timeout: float = TIMEOUT
+    ) -> None:
+        """Return once ``predicate()`` holds, re-checked at each change the sink sees (bounded).
+
+        Changes: a connection opened or closed, a command, a stall reached, a message accepted.
+        """
+        await self.changes.wait_for(predicate, what, timeout)
+
+    async def wait_messages(self, count: int, timeout: float = TIMEOUT) -> None:
+        """Return once ``count`` messages were accepted (bounded)."""
+        await self.wait_for(lambda: len(self.messages) >= count, f"{count} messages", timeout)
+
+    async def wait_stalled(self, stage: str, count: int = 1, timeout: float = TIMEOUT) -> None:
+        """Return once ``count`` sessions stopped at ``stage`` waiting for ``release()``."""
+        await self.wait_for(
+            lambda: self.stalled.count(stage) >= count, f"{count} sessions stalled at {stage}",
+            timeout,
+        )
+
+    def _command(self, name: str) -> None:
+        self.commands.append(name)
+        self.changes.notify()
+
     async def _pause(self, stage: str) -> None:
         if self.config.delay and stage in ("MAIL", "RCPT", "DOT"):
+            # A slow server: the delay is the behaviour under test, not a wait for an event.
             await asyncio.sleep(self.config.delay)
-        if stage in self.config.stall:
+        if stage in self.config.stall and not self._release.is_set():
+            self.stalled.append(stage)
+            self.changes.notify()
             await self._release.wait()
 
     def _protocol(self) -> _SinkSMTP:

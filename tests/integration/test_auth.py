@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import dataclasses
 import ipaddress
 import subprocess
@@ -17,7 +15,7 @@ from structlog.testing import capture_logs
 
 from qmgrd.config import load_config
 from qmgrd.errors import ConfigError
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
+from qmgrd.listener import ListenerSettings
 from qmgrd.listener.auth import (
     Credentials,
     auth_allowed,
@@ -27,10 +25,10 @@ from qmgrd.listener.auth import (
     verify_hash,
 )
 from qmgrd.log import render_postfix
-from qmgrd.spool import Spool
+from tests.support.config import REPO, write_config
+from tests.support.listener import Listening, listening, loopback_settings, start_listening
 
 TIMEOUT = 20
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _b64(text: str | bytes) -> str:
@@ -48,78 +46,17 @@ def _creds() -> Credentials:
     )
 
 
-SETTINGS = ListenerSettings(
-    listen=(("127.0.0.1", 0),),
-    myhostname="mx.test",
+SETTINGS = loopback_settings(
     mynetworks=(ipaddress.ip_network("192.0.2.0/24"),),  # the test client is NOT inside
-    message_size_limit=100_000,
     smtpd_recipient_limit=10,
-    smtpd_timeout=30,
 )
 
 
-class Chat:
-    """A raw SMTP client: send one line, read one (possibly multi-line) reply."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
-    async def reply(self) -> str:
-        lines: list[str] = []
-        while True:
-            line = (await asyncio.wait_for(self.reader.readline(), TIMEOUT)).decode()
-            assert line, f"connection closed after {lines}"
-            lines.append(line.rstrip("\r\n"))
-            if line[3:4] != "-":
-                return "\n".join(lines)
-
-    async def cmd(self, line: str) -> str:
-        self.writer.write(line.encode() + b"\r\n")
-        return await self.reply()
-
-    async def closed(self) -> bool:
-        return await asyncio.wait_for(self.reader.read(), TIMEOUT) == b""
-
-
-@dataclasses.dataclass
-class Server:
-    handle: ListenerHandle
-    spool: Spool
-    commits: list[str]
-    chats: list[Chat] = dataclasses.field(default_factory=list)
-
-    @property
-    def port(self) -> int:
-        return self.handle.addresses[0][1]
-
-    async def chat(self, host: str = "127.0.0.1") -> Chat:
-        reader, writer = await asyncio.open_connection(host, self.port)
-        chat = Chat(reader, writer)
-        self.chats.append(chat)
-        assert (await chat.reply()).startswith("220 ")
-        return chat
-
-    async def close(self) -> None:
-        for chat in self.chats:
-            chat.writer.close()
-            with contextlib.suppress(ConnectionError):
-                await chat.writer.wait_closed()
-        await asyncio.wait_for(self.handle.wait_closed(), TIMEOUT)
-
-
-async def _start(tmp_path: Path, settings: ListenerSettings) -> Server:
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    commits: list[str] = []
-    handle = await start_listener(settings, spool, on_commit=commits.append)
-    return Server(handle, spool, commits)
-
-
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    srv = await _start(tmp_path, dataclasses.replace(SETTINGS, sasl_credentials=_creds()))
-    yield srv
-    await srv.close()
+async def server(tmp_path: Path) -> AsyncIterator[Listening]:
+    """A listener with AUTH for alice and bob; the test's client is outside mynetworks."""
+    async with listening(tmp_path, dataclasses.replace(SETTINGS, sasl_credentials=_creds())) as srv:
+        yield srv
 
 
 # ---------------------------------------------------------------- hashes and the file
@@ -195,13 +132,10 @@ def test_hash_command_prints_a_line_the_file_accepts(tmp_path: Path) -> None:
 
 def test_config_enables_auth_with_a_password_file(tmp_path: Path) -> None:
     """smtpd_sasl_auth_enable loads the file (relative to the config dir); without one it fails."""
-    conf = tmp_path / "etc"
-    conf.mkdir()
-    (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
-    (conf / "sasl_passwd").write_text(f"alice:{hash_password('pw', iterations=1000)}\n")
-    (conf / "main.cf").write_text(
-        "smtpd_sasl_auth_enable = yes\nsmtpd_sasl_password_file = sasl_passwd\n"
+    conf = write_config(
+        tmp_path, "smtpd_sasl_auth_enable = yes\nsmtpd_sasl_password_file = sasl_passwd\n"
     )
+    (conf / "sasl_passwd").write_text(f"alice:{hash_password('pw', iterations=1000)}\n")
     settings = ListenerSettings.from_config(load_config(conf, hostname="mx.test"))
     assert settings.sasl_credentials is not None
     assert settings.sasl_credentials.verify("alice", "pw")
@@ -238,7 +172,7 @@ def test_plain_response_decoding() -> None:
 # ---------------------------------------------------------------- on the wire
 
 
-async def test_plain_auth_permits_relay_from_outside_mynetworks(server: Server) -> None:
+async def test_plain_auth_permits_relay_from_outside_mynetworks(server: Listening) -> None:
     """Before AUTH RCPT gets 554 relay denied; after AUTH PLAIN the same RCPT is accepted,
     the message is queued and the queue log names the SASL user."""
     chat = await server.chat()
@@ -266,7 +200,7 @@ async def test_plain_auth_permits_relay_from_outside_mynetworks(server: Server) 
 
 
 async def test_login_auth_with_challenges_and_plain_without_initial_response(
-    server: Server,
+    server: Listening,
 ) -> None:
     """LOGIN asks Username:/Password: in base64; PLAIN without initial response sends 334."""
     chat = await server.chat()
@@ -287,7 +221,7 @@ async def test_login_auth_with_challenges_and_plain_without_initial_response(
 
 
 async def test_failed_auth_is_logged_with_client_and_three_failures_disconnect(
-    server: Server,
+    server: Listening,
 ) -> None:
     """A wrong password gets 535 and a warning naming the client; the third failure gets 421
     and the connection is closed; the session never gained relay rights."""
@@ -309,7 +243,7 @@ async def test_failed_auth_is_logged_with_client_and_three_failures_disconnect(
 
 
 async def test_control_characters_from_the_network_are_escaped_in_log_lines(
-    server: Server,
+    server: Listening,
 ) -> None:
     """A user name with CR, LF and ESC is logged as one line with \\r, \\n, \\x1b escapes."""
     chat = await server.chat()
@@ -326,7 +260,7 @@ async def test_control_characters_from_the_network_are_escaped_in_log_lines(
 
 async def test_auth_disabled_is_not_offered_and_refused(tmp_path: Path) -> None:
     """Without smtpd_sasl_auth_enable EHLO shows no AUTH and AUTH gets 503."""
-    srv = await _start(tmp_path, SETTINGS)
+    srv = await start_listening(tmp_path, SETTINGS)
     try:
         chat = await srv.chat()
         assert "AUTH" not in await chat.cmd("EHLO client.test")
@@ -335,7 +269,7 @@ async def test_auth_disabled_is_not_offered_and_refused(tmp_path: Path) -> None:
         await srv.close()
 
 
-async def test_auth_needs_ehlo_and_no_transaction(server: Server) -> None:
+async def test_auth_needs_ehlo_and_no_transaction(server: Listening) -> None:
     """AUTH after HELO (no ESMTP) or inside a MAIL transaction is refused with 503."""
     chat = await server.chat()
     await chat.cmd("HELO client.test")

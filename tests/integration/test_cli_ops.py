@@ -15,7 +15,7 @@ import io
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from unittest import mock
 
@@ -23,10 +23,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from qmgrd.cli import main
-from qmgrd.daemon.control import control_socket_path, start_control_server
 from qmgrd.spool.mailq import HEADER
-from tests.integration.e2e import Daemon, message_bytes, running_daemon, write_config
+from tests.integration.e2e import InProcessDaemon, message_bytes, running_daemon
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
+from tests.support.config import write_config
 
 TIMEOUT = 30.0
 LIVE_QUEUES = ("incoming", "active", "deferred", "hold")
@@ -49,31 +49,14 @@ async def cli(conf: Path, *args: str, stdin: str = "") -> tuple[int, str, str]:
 
 
 @contextlib.asynccontextmanager
-async def daemon(tmp_path: Path, main_cf: str) -> AsyncIterator[tuple[Daemon, Path]]:
-    """An in-process daemon for ``main_cf`` with its control socket served."""
+async def daemon(tmp_path: Path, main_cf: str) -> AsyncIterator[tuple[InProcessDaemon, Path]]:
+    """An in-process daemon for ``main_cf`` (it serves its control socket)."""
     conf = write_config(tmp_path, main=main_cf)
     async with running_daemon(conf) as d:
-        server = await start_control_server(control_socket_path(d.spool.root), d.engine, d.spool)
-        try:
-            yield d, conf
-        finally:
-            server.close()
-            await asyncio.wait_for(server.wait_closed(), TIMEOUT)
+        yield d, conf
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    """Let the loop run until ``predicate`` holds (bounded in count and time)."""
-    deadline = time.monotonic() + TIMEOUT
-    for _ in range(10_000):
-        if predicate():
-            return
-        if time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def busy(d: Daemon, nexthop: str) -> int:
+def busy(d: InProcessDaemon, nexthop: str) -> int:
     """Deliveries in flight to ``nexthop`` according to the engine's status."""
     return sum(
         q["busy"]
@@ -88,7 +71,7 @@ def received(*sinks: SinkServer) -> Counter[str]:
     return Counter(rcpt for sink in sinks for m in sink.messages for rcpt in m.rcpt_tos)
 
 
-def assert_spool_empty(d: Daemon) -> None:
+def assert_spool_empty(d: InProcessDaemon) -> None:
     for queue in LIVE_QUEUES:
         assert d.queue_ids(queue) == [], queue
     for logs in ("defer", "bounce"):
@@ -266,10 +249,9 @@ async def test_operations_racing_active_delivery(tmp_path: Path) -> None:
                     dom: await d.submit("s@src.test", [f"r{i}@{dom}.test" for i in range(4)])
                     for dom in doms
                 }
-                await until(
-                    lambda: all(busy(d, sinks[dom].nexthop) == 1 for dom in doms),
-                    "a stalled delivery per destination",
-                )
+                for sink in sinks.values():
+                    await sink.wait_stalled("MAIL")
+                assert all(busy(d, sinks[dom].nexthop) == 1 for dom in doms)
                 assert received(*sinks.values()) == Counter()
 
                 assert await cli(conf, "hold", ids["held"]) == (

@@ -22,6 +22,7 @@ from qmgrd.daemon.control import (
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.client import ControlError, DaemonNotRunning, call
 from qmgrd.spool import Envelope, RecipientSpec, Spool
+from tests.support.waits import Changes
 
 TIMEOUT = 10.0
 
@@ -33,6 +34,7 @@ class FakeEngine:
         self.calls: list[tuple[str, Any]] = []
         self.fail_with: BaseException | None = None
         self.block: asyncio.Event | None = None
+        self.changes = Changes()  # notified at each call
 
     def flush(self) -> None:
         self.calls.append(("flush", None))
@@ -55,6 +57,7 @@ class FakeEngine:
 
     async def operate(self, op: Operation, queue_ids: Sequence[str] | None) -> dict[str, str]:
         self.calls.append((op, None if queue_ids is None else list(queue_ids)))
+        self.changes.notify()
         if self.block is not None:
             await self.block.wait()
         ids = ["AAAAAAAAAAAAAAA"] if queue_ids is None else queue_ids
@@ -62,13 +65,6 @@ class FakeEngine:
 
 
 QID = "AAAAAAAAAAAAAAA"
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
 
 
 @pytest.fixture
@@ -325,14 +321,11 @@ async def test_close_waits_for_a_running_operation(spool: Spool) -> None:
     client = await Client.connect(srv.path)
     client.writer.write(b'{"op": "hold", "ids": ["AAAAAAAAAAAAAAA"]}\n')
     await client.writer.drain()
-    for _ in range(100):  # bounded: the request reaches the engine within a few loop turns
-        if engine.calls:
-            break
-        await asyncio.sleep(0)
+    await engine.changes.wait_for(lambda: bool(engine.calls), "the request to reach the engine")
     assert engine.calls == [("hold", [QID])]
     srv.close()
     closing = asyncio.ensure_future(srv.wait_closed())
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: wait_closed starts, and must not finish
     assert not closing.done()
     engine.block.set()
     await asyncio.wait_for(closing, TIMEOUT)

@@ -2,66 +2,27 @@
 
 Each bad file ends in corrupt/ (or is refused) with a warning naming it; the
 engine keeps running and delivers every good message exactly once. The agent
-is a fake (no network); the spool, scheduler and engine are the real ones.
+is a fake (``tests.support.agents.FakeAgent``, no network); the spool,
+scheduler and engine are the real ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from qmgrd.config import load_config
-from qmgrd.daemon.assemble import create_engine
-from qmgrd.daemon.clock import FakeClock
-from qmgrd.daemon.engine import Engine
-from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult, Outcome, RecipientResult
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, new_queue_id
+from tests.support.agents import FakeAgent
+from tests.support.clock import FakeClock
+from tests.support.engine import create_test_engine, run_until_idle, stop_engine
 
 TIMEOUT = 20
-
-
-@dataclass
-class RecordingAgent:
-    """Accepts everything and records (queue id, recipient, content) per delivery."""
-
-    delivered: list[tuple[str, str]] = field(default_factory=list)
-    contents: dict[str, bytes] = field(default_factory=dict)
-
-    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
-        """Read the whole content, as a real agent would, and report every recipient sent."""
-        content = b"".join([c async for c in request.content.chunks()])
-        self.contents[request.queue_id] = content
-        results = []
-        for r in request.recipients:
-            self.delivered.append((request.queue_id, r.address))
-            results.append(RecipientResult(r, Outcome.SENT, "2.0.0", "250 ok", "sink[127.0.0.1]"))
-        return DeliveryResult(tuple(results))
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
-def _engine(tmp_path: Path, agent: RecordingAgent) -> tuple[Engine, Spool, FakeClock]:
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "main.cf").write_text(f"queue_directory = {tmp_path / 'spool'}\nmyhostname = mx.test\n")
-    (conf / "master.cf").write_text(
-        "smtp unix - - n - - smtp\nrelay unix - - n - - smtp\nerror unix - - n - - error\n"
-        "retry unix - - n - - retry\ndiscard unix - - n - - discard\n"
-    )
-    cfg = load_config(conf, hostname="mx.test")
-    clock = FakeClock()
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    engine = create_engine(cfg, spool=spool, clock=clock, agents={"smtp": agent, "relay": agent})
-    return engine, spool, clock
 
 
 def _commit(spool: Spool, clock: FakeClock, rcpt: str, queue: str = "incoming") -> str:
@@ -87,22 +48,11 @@ def _plant(spool: Spool, queue: str, data: bytes, mtime: float) -> str:
     return qid
 
 
-async def _run(engine: Engine) -> asyncio.Task[None]:
-    task = asyncio.create_task(engine.run())
-    await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
-    return task
-
-
-async def _stop(engine: Engine, task: asyncio.Task[None]) -> None:
-    engine.stop()
-    await asyncio.wait_for(task, TIMEOUT)
-
-
 def _corrupt_names(spool: Spool) -> set[str]:
     return set(os.listdir(spool.root / "corrupt"))
 
 
-def _warned(logs: list[dict[str, Any]]) -> set[str]:
+def _warned(logs: Sequence[Mapping[str, Any]]) -> set[str]:
     """Queue ids / names named by corrupt-file warnings (quarantine or foreign-file sweep)."""
     out = set()
     for e in logs:
@@ -119,8 +69,8 @@ async def test_bad_files_everywhere_at_start_are_quarantined_and_good_mail_flows
     tmp_path: Path,
 ) -> None:
     """Truncated, garbage, empty, unknown-record, symlinked, FIFO and dir entries go to corrupt/."""
-    agent = RecordingAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     now = clock.now()
     good = _valid_bytes(spool, clock)
     good_ids = {
@@ -154,8 +104,8 @@ async def test_bad_files_everywhere_at_start_are_quarantined_and_good_mail_flows
     bad["stray-name"] = "stray"
 
     with capture_logs() as logs:
-        task = await _run(engine)
-        await _stop(engine, task)
+        task = await run_until_idle(engine)
+        await stop_engine(engine, task)
 
     assert sorted(agent.delivered) == sorted(good_ids.items())
     assert _corrupt_names(spool) == set(bad)
@@ -168,10 +118,10 @@ async def test_bad_files_everywhere_at_start_are_quarantined_and_good_mail_flows
 
 async def test_bad_files_arriving_at_runtime_do_not_stop_the_engine(tmp_path: Path) -> None:
     """Files dropped into incoming/ while running are quarantined; later mail is still delivered."""
-    agent = RecordingAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     good = _valid_bytes(spool, clock)
-    task = await _run(engine)
+    task = await run_until_idle(engine)
     with capture_logs() as logs:
         bad = [
             _plant(spool, "incoming", good[:-1], clock.now()),  # lost its end record
@@ -187,7 +137,7 @@ async def test_bad_files_arriving_at_runtime_do_not_stop_the_engine(tmp_path: Pa
         ok = _commit(spool, clock, "after@dst.test")
         engine.notify_incoming(ok)
         await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
     assert agent.delivered == [(ok, "after@dst.test")]
     assert _corrupt_names(spool) == set(bad)
     assert _warned(logs) == set(bad)
@@ -196,8 +146,8 @@ async def test_bad_files_arriving_at_runtime_do_not_stop_the_engine(tmp_path: Pa
 
 async def test_damaged_recipient_area_quarantines_without_delivering(tmp_path: Path) -> None:
     """A file whose envelope parses but whose recipient records are damaged ends in corrupt/."""
-    agent = RecordingAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     env = Envelope(
         sender="s@src.test",
         recipients=(RecipientSpec("a@dst.test"), RecipientSpec("b@dst.test")),
@@ -212,8 +162,8 @@ async def test_damaged_recipient_area_quarantines_without_delivering(tmp_path: P
         f.write(b"?")
     ok = _commit(spool, clock, "fine@dst.test")
     with capture_logs() as logs:
-        task = await _run(engine)
-        await _stop(engine, task)
+        task = await run_until_idle(engine)
+        await stop_engine(engine, task)
     assert agent.delivered == [(ok, "fine@dst.test")]
     assert _corrupt_names(spool) == {qid}
     assert qid in _warned(logs)
@@ -223,8 +173,8 @@ async def test_unreadable_file_is_quarantined_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A queue file the daemon may not open (EACCES, simulated: we run as root) goes to corrupt/."""
-    agent = RecordingAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     locked = _commit(spool, clock, "locked@dst.test")
     ok = _commit(spool, clock, "ok@dst.test")
     real_open: Callable[..., int] = os.open
@@ -236,8 +186,8 @@ async def test_unreadable_file_is_quarantined_with_the_reason(
 
     monkeypatch.setattr(os, "open", fake_open)
     with capture_logs() as logs:
-        task = await _run(engine)
-        await _stop(engine, task)
+        task = await run_until_idle(engine)
+        await stop_engine(engine, task)
     monkeypatch.undo()
     assert agent.delivered == [(ok, "ok@dst.test")]
     assert _corrupt_names(spool) == {locked}

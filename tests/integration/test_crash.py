@@ -26,32 +26,28 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
 import aiosmtplib
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.config import REPO, free_port, write_config
+from tests.support.process import DaemonProcess
+from tests.support.waits import Changes, wait_until
+
 SINKPROC = Path(__file__).resolve().parent / "sinkproc.py"
 MESSAGES = 2000
 CLIENTS = 8
 DOMAINS = 3
 TEST_BUDGET = 170.0  # seconds for the whole test (the task allows 3 minutes)
 STEP_TIMEOUT = 60.0  # any single wait
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+POLL = 0.02  # seconds between looks at the sinks' delivery log and the spool (another process's)
 
 
 class Tail:
@@ -80,20 +76,18 @@ class Run:
     """One daemon process, from start to SIGKILL (or the final SIGTERM)."""
 
     index: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-    out: IO[bytes]
-    started: float
-    tail: Tail
-    ready: float = 0.0  # when it logged "daemon started"
+    proc: DaemonProcess
+    ready: float = 0.0  # when it told its supervisor READY=1
     ended: float | None = None
     kind: str = "final"  # why it ended: the kill trigger, or "final"
-    lines: list[str] = field(default_factory=list)
 
-    def read(self) -> list[str]:
-        new = self.tail.poll()
-        self.lines.extend(new)
-        return new
+    @property
+    def started(self) -> float:
+        return self.proc.started_at
+
+    @property
+    def lines(self) -> list[str]:
+        return self.proc.lines
 
 
 class Harness:
@@ -101,60 +95,42 @@ class Harness:
 
     def __init__(self, root: Path, sink_ports: list[int]) -> None:
         self.root = root
-        self.port = _free_port()
+        self.port = free_port()
         self.spool = root / "spool"
-        self.conf = root / "etc"
-        self.conf.mkdir()
         routes = ", ".join(
             f"d{i}.test=smtp:[127.0.0.1]:{port}" for i, port in enumerate(sink_ports)
         )
-        (self.conf / "main.cf").write_text(
-            f"queue_directory = {self.spool}\n"
-            f"smtpd_listen = 127.0.0.1:{self.port}\n"
-            "myhostname = mx.test\n"
+        self.conf = write_config(
+            root,
             f"transport_maps = inline:{{ {routes} }}\n"
             "minimal_backoff_time = 1s\n"
             "maximal_backoff_time = 2s\n"
             "queue_run_delay = 1s\n"
-            "smtp_connect_timeout = 5s\n"
-            "smtp_helo_timeout = 10s\n"
-            "smtp_data_done_timeout = 10s\n"
-            "shutdown_timeout = 5s\n"
+            "shutdown_timeout = 5s\n",
+            listen=f"127.0.0.1:{self.port}",
         )
-        (self.conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
         self.runs: list[Run] = []
+        self.up = asyncio.Event()  # set while a started run accepts mail
 
     async def start(self) -> Run:
-        index = len(self.runs)
-        log = self.root / f"daemon-{index}.log"
-        out = open(log, "wb")  # noqa: SIM115 - closed in stop()/kill()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "qmgrd", "-c", str(self.conf), "run"],
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        run = Run(index, proc, log, out, time.time(), Tail(log))
+        run = Run(len(self.runs), DaemonProcess(self.conf))
         self.runs.append(run)
-        await wait_for(lambda: any("daemon started" in x for x in run.read()), "daemon start")
+        run.proc.start()
+        await asyncio.to_thread(run.proc.wait_ready, STEP_TIMEOUT)
         run.ready = time.time()
+        self.up.set()
         return run
 
     def kill(self, run: Run, kind: str) -> None:
-        run.proc.send_signal(signal.SIGKILL)
-        run.proc.wait(STEP_TIMEOUT)
+        self.up.clear()
+        run.proc.kill()
         run.ended = time.time()
         run.kind = kind
-        run.out.close()
-        run.read()
 
     def stop(self, run: Run) -> int:
-        run.proc.send_signal(signal.SIGTERM)
-        code = run.proc.wait(STEP_TIMEOUT)
+        self.up.clear()
+        code = run.proc.stop(signal.SIGTERM, STEP_TIMEOUT)
         run.ended = time.time()
-        run.out.close()
-        run.read()
         return code
 
     def spool_contents(self) -> dict[str, list[str]]:
@@ -165,22 +141,15 @@ class Harness:
         return out
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:
-    """Poll ``cond()`` (bounded); the daemon and the sinks make it true on their own."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 @dataclass(eq=False)
 class Injector:
     """Clients that submit every message until one attempt of it is acknowledged."""
 
     port: int
     rng: random.Random
+    up: asyncio.Event  # the daemon accepts mail (cleared while it is killed and restarted)
     acked: dict[str, tuple[str, list[str]]] = field(default_factory=dict)  # msgid -> (qid, rcpts)
+    changes: Changes = field(default_factory=Changes)  # notified at each acknowledgement
     attempts: int = 0
     failures: int = 0
     done: bool = False
@@ -207,7 +176,7 @@ class Injector:
         client: aiosmtplib.SMTP | None = None
         while not queue.empty():
             i = queue.get_nowait()
-            for attempt in range(500):  # bounded: ~25 s of refused connections at worst
+            for attempt in range(500):  # bounded; a failed attempt waits for a running daemon
                 msgid = f"<{i}.{attempt}@crash.test>"
                 self.attempts += 1
                 try:
@@ -226,10 +195,11 @@ class Injector:
                     if client is not None:
                         client.close()
                         client = None
-                    await asyncio.sleep(0.05)
+                    await asyncio.wait_for(self.up.wait(), STEP_TIMEOUT)  # the next run
                     continue
                 assert "queued as " in reply, reply
                 self.acked[msgid] = (reply.rsplit(" ", 1)[-1], messages[i])
+                self.changes.notify()
                 break
             else:
                 raise AssertionError(f"message {i} was never accepted")
@@ -271,26 +241,37 @@ async def test_sigkill_under_load_loses_nothing(tmp_path: Path) -> None:
             return delivered_lines
 
         run = await h.start()
-        injector = Injector(h.port, rng)
+        injector = Injector(h.port, rng, h.up)
         inject = asyncio.create_task(injector.run())
 
-        def saw(run: Run, needle: str) -> bool:
-            run.read()
-            return any(needle in line for line in run.lines)
+        async def intake(count: int) -> None:
+            await injector.changes.wait_for(
+                lambda: len(injector.acked) >= count, f"{count} acknowledged", STEP_TIMEOUT
+            )
+
+        async def deferred_move() -> None:
+            await h.runs[-1].proc.wait_line("next_attempt=", STEP_TIMEOUT)
+
+        async def delivery() -> None:
+            await h.runs[-1].proc.wait_line("status=sent", STEP_TIMEOUT)
+            await wait_until(
+                lambda: deliveries() >= mark + 150, "150 more deliveries", STEP_TIMEOUT, POLL
+            )
 
         mark = 0  # deliveries seen when the current trigger was armed
-        triggers: list[tuple[str, Callable[[], bool]]] = [
-            ("intake", lambda: len(injector.acked) >= 250),
-            ("intake", lambda: len(injector.acked) >= 800),
-            ("deferred move", lambda: saw(h.runs[-1], "next_attempt=")),
-            ("intake", lambda: len(injector.acked) >= 1400),
-            ("delivery", lambda: saw(h.runs[-1], "status=sent") and deliveries() >= mark + 150),
-            ("deferred move", lambda: saw(h.runs[-1], "next_attempt=")),
+        triggers: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            ("intake", lambda: intake(250)),
+            ("intake", lambda: intake(800)),
+            ("deferred move", deferred_move),
+            ("intake", lambda: intake(1400)),
+            ("delivery", delivery),
+            ("deferred move", deferred_move),
         ]
-        for kind, cond in triggers:
+        for kind, trigger in triggers:
             mark = deliveries()
-            await wait_for(cond, f"the {kind} trigger")
-            await asyncio.sleep(rng.uniform(0.0, 0.2))  # a random moment after the trigger
+            await trigger()
+            # A random moment after the trigger: chaos by design, not a wait for anything.
+            await asyncio.sleep(rng.uniform(0.0, 0.2))
             h.kill(run, kind)
             run = await h.start()
         await asyncio.wait_for(inject, STEP_TIMEOUT)
@@ -313,13 +294,13 @@ async def test_sigkill_under_load_loses_nothing(tmp_path: Path) -> None:
             return time.monotonic() - empty_since[0] >= 0.5
 
         remaining = TEST_BUDGET - (time.monotonic() - began)
-        await wait_for(finished, "every acknowledged recipient and an empty spool", remaining)
+        await wait_until(
+            finished, "every acknowledged recipient and an empty spool", remaining, POLL
+        )
         assert h.stop(run) == 0
     finally:
         for r in getattr(locals().get("h"), "runs", []):
-            if r.proc.poll() is None:
-                r.proc.kill()
-                r.proc.wait(STEP_TIMEOUT)
+            r.proc.close()
         sinks.terminate()
         sinks.wait(STEP_TIMEOUT)
         if sinks.stdout is not None:

@@ -10,7 +10,6 @@ the engine, so retries and backoff are driven by advancing the clock.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import shutil
@@ -22,23 +21,29 @@ from typing import Any
 
 import aiosmtplib
 import pytest
-from structlog.testing import capture_logs
 
-from qmgrd.daemon.clock import FakeClock
 from qmgrd.spool import QueueFile
-from tests.integration.e2e import Daemon, message_bytes, running_daemon, write_config
+from tests.integration.e2e import InProcessDaemon, message_bytes, running_daemon
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
+from tests.support.clock import FakeClock
+from tests.support.config import write_config
+from tests.support.logs import watch_logs
+from tests.support.waits import Changes
 
 TIMEOUT = 20.0
 _FAULTY = ("write", "writev", "pwrite", "fsync", "rename", "link")
 
 
 class DiskFaults:
-    """While ``full`` is set, the spool's writing ``os`` calls (or just ``names``) fail."""
+    """While ``full`` is set, the spool's writing ``os`` calls (or just ``names``) fail.
+
+    Each failure notifies ``changes`` (from whichever thread made the call).
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...] = _FAULTY) -> None:
         self.full = False
         self.failures = 0
+        self.changes = Changes()
         for name in names:
             monkeypatch.setattr(os, name, self._wrap(getattr(os, name)))
 
@@ -46,19 +51,11 @@ class DiskFaults:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self.full:
                 self.failures += 1
+                self.changes.notify()
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real(*args, **kwargs)
 
         return call
-
-
-async def until(cond: Callable[[], bool], what: str) -> None:
-    """Wait (bounded by TIMEOUT) for a condition the daemon makes true on its own."""
-    deadline = time.monotonic() + TIMEOUT
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def send(port: int, rcpts: list[str], subject: str) -> tuple[int, str]:
@@ -90,15 +87,30 @@ def _recipients_left(path: Path) -> list[str]:
     return [r.address for r in records]
 
 
-async def _settle(d: Daemon, clock: FakeClock, seconds: float) -> None:
-    """Move the engine's clock forward and let it run its due work."""
+async def _settle(d: InProcessDaemon, clock: FakeClock, seconds: float) -> None:
+    """Move the engine's clock forward and wake it to run its due work."""
     clock.advance(seconds)
     d.engine.wakeup()
-    await asyncio.sleep(0)
 
 
-def _spool_files(d: Daemon) -> dict[str, list[str]]:
+def _spool_files(d: InProcessDaemon) -> dict[str, list[str]]:
     return {q: d.queue_ids(q) for q in ("incoming", "active", "deferred", "corrupt")}
+
+
+async def _after_space_returns(
+    d: InProcessDaemon, clock: FakeClock, first: str, subject: str
+) -> None:
+    """The finish retry moves ``first`` to deferred/, its retry delivers it, and a new message
+    (to b@dst.test) is accepted and delivered: the spool ends empty."""
+    await _settle(d, clock, 5.0)
+    await d.wait_idle()  # the finish retry is pending work: idle only once it worked
+    assert d.queue_ids("deferred") == [first]
+    await _settle(d, clock, 4000.0)
+    await d.wait_idle()
+    code, text = await send(d.port, ["b@dst.test"], subject)
+    assert code == 250, text
+    await d.wait_idle()
+    assert _spool_files(d) == {"incoming": [], "active": [], "deferred": [], "corrupt": []}
 
 
 async def test_injected_enospc_gives_451_keeps_files_and_recovers(
@@ -111,13 +123,13 @@ async def test_injected_enospc_gives_451_keeps_files_and_recovers(
     clock = FakeClock(time.time())
     async with smtp_sink(SinkConfig(stall=frozenset({"DOT"}))) as sink:
         conf = write_config(tmp_path, main=f"relayhost = {sink.nexthop}\n")
-        with capture_logs() as logs:
+        with watch_logs() as logs:
             async with running_daemon(conf, clock=clock) as d:
                 d.engine.retry_delay = 5.0
                 code, text = await send(d.port, ["a@dst.test"], "first")
                 assert code == 250, text
                 first = text.rsplit(" ", 1)[-1]
-                await until(lambda: "DATA" in sink.commands, "the delivery to reach DATA")
+                await sink.wait_for(lambda: "DATA" in sink.commands, "the delivery to reach DATA")
                 faults.full = True
                 # Intake while full: refused with 451, nothing left in incoming/.
                 code, text = await send(d.port, ["b@dst.test"], "second")
@@ -125,37 +137,20 @@ async def test_injected_enospc_gives_451_keeps_files_and_recovers(
                 assert os.listdir(d.spool.root / "incoming") == []
                 # The delivery in progress completes at the sink; its done mark fails.
                 sink.release()
-                await until(lambda: len(sink.messages) == 1, "the sink to receive the message")
-                await until(
-                    lambda: any(e["event"].startswith("cannot finish") for e in logs),
-                    "the failed finish",
-                )
+                await sink.wait_messages(1)
+                assert len(sink.messages) == 1
+                await logs.wait_event("cannot finish")
                 assert d.queue_ids("active") == [first]
                 assert _recipients_left(d.spool.path("active", first)) == ["a@dst.test"]
                 # Still full at the first retry: the file stays where it is.
                 before = faults.failures
                 await _settle(d, clock, 5.0)
-                await until(lambda: faults.failures > before, "the retry")
-                await until(
-                    lambda: sum(e["event"].startswith("cannot finish") for e in logs) >= 2,
-                    "a second failed finish",
-                )
+                await faults.changes.wait_for(lambda: faults.failures > before, "the retry")
+                await logs.wait_event("cannot finish", count=2)
                 assert d.queue_ids("active") == [first]
                 # Space returns: the retry moves it to deferred/, the next run delivers it.
                 faults.full = False
-                await _settle(d, clock, 5.0)
-                await until(lambda: d.queue_ids("deferred") == [first], "the move to deferred/")
-                await _settle(d, clock, 4000.0)
-                await d.wait_idle()
-                code, text = await send(d.port, ["b@dst.test"], "second")
-                assert code == 250, text
-                await d.wait_idle()
-                assert _spool_files(d) == {
-                    "incoming": [],
-                    "active": [],
-                    "deferred": [],
-                    "corrupt": [],
-                }
+                await _after_space_returns(d, clock, first, "second")
     # The first message was sent twice (its done mark was lost), the second once.
     assert _received(sink) == ["a@dst.test", "a@dst.test", "b@dst.test"]
     assert not any(e.get("code", "").startswith("250") for e in logs)
@@ -170,14 +165,11 @@ async def test_failed_move_to_active_is_retried_by_an_incoming_rescan(
     clock = FakeClock(time.time())
     async with smtp_sink() as sink:
         conf = write_config(tmp_path, main=f"relayhost = {sink.nexthop}\n")
-        with capture_logs() as logs:
+        with watch_logs() as logs:
             async with running_daemon(conf, clock=clock) as d:
                 faults.full = True
                 qid = d.enqueue("s@src.test", ["r@dst.test"])
-                await until(
-                    lambda: any(e["event"].startswith("cannot move message") for e in logs),
-                    "the failed move",
-                )
+                await logs.wait_event("cannot move message")
                 assert d.queue_ids("incoming") == [qid]
                 faults.full = False
                 await _settle(d, clock, 5.0)
@@ -230,39 +222,24 @@ async def test_full_tmpfs_refuses_mail_with_452_and_resumes(tmp_path: Path, tmpf
     cfg = SinkConfig(stall=frozenset({"DOT"}), rcpt_replies={"later@dst.test": (450, "4.2.0 busy")})
     async with smtp_sink(cfg) as sink:
         conf = write_config(tmp_path, main=f"relayhost = {sink.nexthop}\n")
-        with capture_logs() as logs:
+        with watch_logs() as logs:
             async with running_daemon(conf, clock=clock, fsync=True) as d:
                 d.engine.retry_delay = 5.0
                 code, text = await send(d.port, ["a@dst.test", "later@dst.test"], "first")
                 assert code == 250, text
                 first = text.rsplit(" ", 1)[-1]
-                await until(lambda: "DATA" in sink.commands, "the delivery to reach DATA")
+                await sink.wait_for(lambda: "DATA" in sink.commands, "the delivery to reach DATA")
                 filler = _fill(tmpfs)
                 for i in range(3):
                     code, text = await send(d.port, ["b@dst.test"], f"refused {i}")
                     assert code == 452 and "4.3.1" in text, (code, text)
                 sink.release()
-                await until(
-                    lambda: any(e["event"].startswith("cannot finish") for e in logs),
-                    "the failed finish",
-                )
+                await logs.wait_event("cannot finish")
                 assert d.queue_ids("active") == [first]
                 assert _recipients_left(d.spool.path("active", first)) == ["later@dst.test"]
                 filler.unlink()
                 sink.config.rcpt_replies.clear()
-                await _settle(d, clock, 5.0)
-                await until(lambda: d.queue_ids("deferred") == [first], "the move to deferred/")
-                await _settle(d, clock, 4000.0)
-                await d.wait_idle()
-                code, text = await send(d.port, ["b@dst.test"], "accepted")
-                assert code == 250, text
-                await d.wait_idle()
-                assert _spool_files(d) == {
-                    "incoming": [],
-                    "active": [],
-                    "deferred": [],
-                    "corrupt": [],
-                }
+                await _after_space_returns(d, clock, first, "accepted")
     assert _received(sink) == ["a@dst.test", "b@dst.test", "later@dst.test"]
     rejects = [e for e in logs if e.get("code") == "452 4.3.1"]
     assert len(rejects) == 3 and all(e["client"] == "unknown[127.0.0.1]" for e in rejects)

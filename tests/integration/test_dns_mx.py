@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.mx import Destination, DnsFailure, Endpoint, MxResolver
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.dnsserver import dns_responder
-    from tests.integration.sinks import SinkConfig, make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from dnsserver import dns_responder  # type: ignore[no-redef]
-    from sinks import SinkConfig, make_request, smtp_sink  # type: ignore[no-redef]
+from tests.integration.dnsserver import dns_responder
+from tests.integration.sinks import SinkConfig, make_request, smtp_sink
 
 RECORDS = {
     ("example.test", "MX"): ["10 mx1.example.test.", "20 mx2.example.test."],
@@ -30,14 +26,14 @@ RECORDS = {
 FAILURES = {"servfail.test": "SERVFAIL", "slow.test": "timeout"}
 
 
-def _settings(nameserver: str, **kwargs: object) -> SmtpSettings:
+def _settings(nameserver: str, **kwargs: Any) -> SmtpSettings:
     return SmtpSettings(
         helo_name="client.test",
         dns_nameservers=(nameserver,),
         dns_timeout=0.5,
         connect_timeout=5,
         helo_timeout=5,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 

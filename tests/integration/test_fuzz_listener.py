@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
-import os
 import re
 import resource
 import socket
 import struct
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -27,63 +24,27 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qmgrd.delivery.content import encode_data
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
-from qmgrd.spool import QueueFile, Spool, read_content
+from qmgrd.listener import ListenerSettings
+from qmgrd.spool import QueueFile
+from tests.support.listener import Listening, listening, loopback_settings, start_listening
+from tests.support.waits import wait_until
 
 TIMEOUT = 10
 FUZZ_EXAMPLES = 250
 _QUEUED = re.compile(r"^250 2\.0\.0 Ok: queued as (\w+)$")
 
-SETTINGS = ListenerSettings(
-    listen=(("127.0.0.1", 0),),
-    myhostname="mx.test",
-    mynetworks=(ipaddress.ip_network("127.0.0.1/32"),),
-    message_size_limit=100_000,
-    smtpd_recipient_limit=5,
-    smtpd_timeout=5,
-)
+SETTINGS = loopback_settings(smtpd_recipient_limit=5, smtpd_timeout=5)
 
 
-@dataclass
-class Server:
-    """A running listener and its spool."""
-
-    handle: ListenerHandle
-    spool: Spool
-    commits: list[str] = field(default_factory=list)
-
-    @property
-    def port(self) -> int:
-        return self.handle.addresses[0][1]
-
-    def queued(self) -> dict[str, bytes]:
-        """Every committed message in incoming/: id -> content (each must parse)."""
-        return {qid: read_content(self.spool.path("incoming", qid)) for qid in self.ids()}
-
-    def ids(self) -> list[str]:
-        return self.spool.list_ids("incoming")
-
-    def temporaries(self) -> list[str]:
-        return [n for n in os.listdir(self.spool.root / "incoming") if n.startswith(".")]
-
-    def clear(self) -> None:
-        for qid in self.ids():
-            self.spool.remove("incoming", qid)
-
-
-async def _start(tmp_path: Path, listener_settings: ListenerSettings = SETTINGS) -> Server:
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    commits: list[str] = []
-    handle = await start_listener(listener_settings, spool, on_commit=commits.append)
-    return Server(handle, spool, commits)
+async def _start(tmp_path: Path, listener_settings: ListenerSettings = SETTINGS) -> Listening:
+    return await start_listening(tmp_path, listener_settings)
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Server]:
-    srv = await _start(tmp_path)
-    yield srv
-    await asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT)
+async def server(tmp_path: Path) -> AsyncIterator[Listening]:
+    """The listener with ``SETTINGS`` (recipient limit 5, 5 s timeout)."""
+    async with listening(tmp_path, SETTINGS) as srv:
+        yield srv
 
 
 def stuff(content: bytes) -> bytes:
@@ -123,6 +84,15 @@ async def _converse(port: int, data: bytes, *, limit: float = TIMEOUT) -> list[s
     return replies
 
 
+async def _replies_until_close(reader: asyncio.StreamReader) -> list[str]:
+    """Every reply line until the server closes the connection (bounded)."""
+    replies = []
+    async with asyncio.timeout(TIMEOUT):
+        while line := await reader.readline():
+            replies.append(line.decode().rstrip("\r\n"))
+    return replies
+
+
 def _queued_ids(replies: list[str]) -> list[str]:
     return [m.group(1) for r in replies if (m := _QUEUED.match(r))]
 
@@ -136,7 +106,7 @@ SMUGGLED = b"MAIL FROM:<smuggled@evil.test>\r\nRCPT TO:<victim@dst.test>\r\nDATA
     [b"\n.\n", b"\r.\n", b"\n.\r\n", b"\r.\r\n", b"\r\n.\n", b"\r\n.\r", b"\n..\n"],
     ids=["LF.LF", "CR.LF", "LF.CRLF", "CR.CRLF", "CRLF.LF", "CRLF.CR", "LF..LF"],
 )
-async def test_only_crlf_dot_crlf_ends_data(server: Server, fake_end: bytes) -> None:
+async def test_only_crlf_dot_crlf_ends_data(server: Listening, fake_end: bytes) -> None:
     """A smuggling attempt is content: one message, byte-exact, and no smuggled transaction."""
     content = b"Subject: smuggle\r\n\r\nfirst" + fake_end + SMUGGLED
     replies = await _converse(server.port, ENVELOPE + stuff(content) + b"QUIT\r\n")
@@ -155,7 +125,7 @@ async def test_only_crlf_dot_crlf_ends_data(server: Server, fake_end: bytes) -> 
     assert wire.find(b"\r\n.\r\n") == len(wire) - 5
 
 
-async def test_unstuffing_only_after_crlf(server: Server) -> None:
+async def test_unstuffing_only_after_crlf(server: Listening) -> None:
     """Leading dots are unstuffed on CRLF lines only; dots after a bare LF or CR are kept."""
     sent = b"..a\r\n..b\n..c\r..d\r\n...\r\n"
     replies = await _converse(server.port, ENVELOPE + sent + b".\r\nQUIT\r\n")
@@ -163,7 +133,7 @@ async def test_unstuffing_only_after_crlf(server: Server) -> None:
     assert server.queued()[qid] == b".a\r\n.b\n..c\r..d\r\n..\r\n"
 
 
-async def test_oversized_body_is_refused_and_memory_stays_bounded(server: Server) -> None:
+async def test_oversized_body_is_refused_and_memory_stays_bounded(server: Listening) -> None:
     """A 40 MB body against a 100 kB limit gets 552, queues nothing and does not grow the heap."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -174,10 +144,7 @@ async def test_oversized_body_is_refused_and_memory_stays_bounded(server: Server
         writer.write(chunk)
         await asyncio.wait_for(writer.drain(), TIMEOUT)
     writer.write(b"\r\n.\r\nQUIT\r\n")
-    replies = []
-    async with asyncio.timeout(TIMEOUT):
-        while line := await reader.readline():
-            replies.append(line.decode().rstrip("\r\n"))
+    replies = await _replies_until_close(reader)
     writer.close()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert "552 5.3.4 Message size exceeds fixed limit" in replies, replies
@@ -186,7 +153,7 @@ async def test_oversized_body_is_refused_and_memory_stays_bounded(server: Server
     assert after - before < 20 * 1024, f"peak RSS grew by {(after - before) // 1024} MiB"
 
 
-async def test_overlong_command_lines_get_500_and_memory_stays_bounded(server: Server) -> None:
+async def test_overlong_command_lines_get_500_and_memory_stays_bounded(server: Listening) -> None:
     """A 30 MB line without LF, then a 100 kB line: 500 replies, the session goes on."""
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -196,10 +163,7 @@ async def test_overlong_command_lines_get_500_and_memory_stays_bounded(server: S
         writer.write(b"z" * (1 << 20))
         await asyncio.wait_for(writer.drain(), TIMEOUT)
     writer.write(b">\r\nNOOP " + b"n" * 100_000 + b"\r\nNOOP\r\nQUIT\r\n")
-    replies = []
-    async with asyncio.timeout(TIMEOUT):
-        while line := await reader.readline():
-            replies.append(line.decode().rstrip("\r\n"))
+    replies = await _replies_until_close(reader)
     writer.close()
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     codes = [r[:3] for r in replies if not r.startswith("250-")]
@@ -209,14 +173,7 @@ async def test_overlong_command_lines_get_500_and_memory_stays_bounded(server: S
 
 async def test_stalled_clients_are_disconnected_and_leave_nothing(tmp_path: Path) -> None:
     """Clients stalled mid-command, mid-DATA and before EHLO are cut off after smtpd_timeout."""
-    quick = ListenerSettings(
-        listen=SETTINGS.listen,
-        myhostname="mx.test",
-        mynetworks=SETTINGS.mynetworks,
-        message_size_limit=100_000,
-        smtpd_recipient_limit=5,
-        smtpd_timeout=0.5,
-    )
+    quick = loopback_settings(smtpd_recipient_limit=5, smtpd_timeout=0.5)
     srv = await _start(tmp_path, quick)
     try:
         stalls = [b"", b"EHLO c.test\r\nMAIL FROM:<a@b", ENVELOPE + b"Subject: half\r\n\r\npart"]
@@ -230,19 +187,19 @@ async def test_stalled_clients_are_disconnected_and_leave_nothing(tmp_path: Path
         replies = await _converse(srv.port, ENVELOPE + stuff(b"ok\r\n") + b"QUIT\r\n")
         assert len(_queued_ids(replies)) == 1
     finally:
-        await asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT)
+        await srv.close()
 
 
-async def _sessions_drain(srv: Server) -> bool:
-    """Wait (bounded) until the listener has forgotten every closed session."""
-    for _ in range(200):
-        if not srv.handle.sessions:
-            return True
-        await asyncio.sleep(0.01)
-    return False
+async def _sessions_drain(srv: Listening) -> bool:
+    """Wait (bounded) until the listener has forgotten every closed session.
+
+    A poll: the listener has no event for a session's end that a test can hear.
+    """
+    await wait_until(lambda: not srv.handle.sessions, "the listener to drop closed sessions", 2.0)
+    return True
 
 
-async def test_client_vanishing_mid_data_queues_nothing(server: Server) -> None:
+async def test_client_vanishing_mid_data_queues_nothing(server: Listening) -> None:
     """A client that closes (or resets) the connection inside DATA leaves no file at all."""
     for linger_reset in (False, True):
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -253,7 +210,7 @@ async def test_client_vanishing_mid_data_queues_nothing(server: Server) -> None:
             sock = writer.get_extra_info("socket")
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()
-    assert await _sessions_drain(Server(server.handle, server.spool))
+    assert await _sessions_drain(server)
     assert server.ids() == [] and server.temporaries() == []
     replies = await _converse(server.port, ENVELOPE + stuff(b"still here\r\n") + b"QUIT\r\n")
     assert len(_queued_ids(replies)) == 1
@@ -354,6 +311,6 @@ def test_fuzzed_command_streams(tmp_path: Path) -> None:
         print(f"fuzz: {stats}")
         assert stats["cases"] >= FUZZ_EXAMPLES * 0.9
         assert stats["queued"] > FUZZ_EXAMPLES // 4, stats  # the fuzz reaches DATA often
-        loop.run_until_complete(asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT))
+        loop.run_until_complete(srv.close())
     finally:
         loop.close()

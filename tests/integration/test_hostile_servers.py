@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -24,13 +25,9 @@ import pytest
 from qmgrd.delivery.agent import DeliveryResult, Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.dnsserver import DnsResponder, dns_responder
-    from tests.integration.sinks import make_request
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from dnsserver import DnsResponder, dns_responder  # type: ignore[no-redef]
-    from sinks import make_request  # type: ignore[no-redef]
+from tests.integration.dnsserver import DnsResponder, dns_responder
+from tests.integration.sinks import make_request
+from tests.support.waits import wait_until
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 T = 0.5  # every SMTP timeout in these tests: a stalled server costs half a second
@@ -140,11 +137,14 @@ async def _deliver(
 @pytest.fixture
 async def no_leaks() -> AsyncIterator[None]:
     """Fail the test if it leaves asyncio tasks or file descriptors behind."""
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn: tasks the fixture setup scheduled start
     tasks, fds = len(asyncio.all_tasks()), _fds()
     yield
-    for _ in range(3):  # let transports finish closing (a few loop iterations, no timing)
-        await asyncio.sleep(0)
+    # Transports finish closing on later loop turns, with no event to wait on: a bounded poll.
+    with contextlib.suppress(AssertionError):
+        await wait_until(
+            lambda: len(asyncio.all_tasks()) == tasks and _fds() == fds, "tasks and fds", 2.0
+        )
     assert len(asyncio.all_tasks()) == tasks, asyncio.all_tasks()
     assert _fds() == fds
 
@@ -284,7 +284,7 @@ async def test_reply_over_512_bytes_is_tolerated(no_leaks: None) -> None:
 
 async def test_tls_handshake_failure_defers_when_tls_is_required(no_leaks: None) -> None:
     """Garbage after STARTTLS with level encrypt: a 4.7.x deferral naming TLS, hop status set."""
-    settings = SmtpSettings(**{**_fields(FAST), "tls_security_level": "encrypt"})
+    settings = dataclasses.replace(FAST, tls_security_level="encrypt")
     async with scripted(bad_starttls) as srv:
         result = await _deliver(srv.nexthop, settings)
     (r,) = result.recipients
@@ -311,16 +311,12 @@ async def test_tls_handshake_failure_falls_back_to_plaintext_with_may(no_leaks: 
         await writer.drain()
         await _until(reader, writer, b"NEVER")
 
-    settings = SmtpSettings(**{**_fields(FAST), "tls_security_level": "may"})
+    settings = dataclasses.replace(FAST, tls_security_level="may")
     async with scripted(handler) as srv:
         result = await _deliver(srv.nexthop, settings)
     (r,) = result.recipients
     assert r.outcome is Outcome.SENT, r
     assert srv.connections == 2
-
-
-def _fields(settings: SmtpSettings) -> dict[str, object]:
-    return {name: getattr(settings, name) for name in SmtpSettings.__slots__}
 
 
 # ------------------------------------------------------------------------------ DNS
@@ -363,7 +359,7 @@ async def test_cname_loop_is_a_clear_dns_failure(no_leaks: None) -> None:
     """An MX/A CNAME loop (a -> b -> a) ends quickly in a 5.4.4 bounce naming the domain."""
     records = {("loop.test", "CNAME"): ["loop2.test."], ("loop2.test", "CNAME"): ["loop.test."]}
     async with cname_responder(records) as dns_server:
-        settings = SmtpSettings(**{**_fields(FAST), "dns_nameservers": (dns_server.nameserver,)})
+        settings = dataclasses.replace(FAST, dns_nameservers=(dns_server.nameserver,))
         result = await _deliver("loop.test", settings)
         assert len(dns_server.queries) < 20  # no endless chasing
     (r,) = result.recipients
@@ -387,7 +383,7 @@ async def test_thousands_of_mx_records_are_bounded(no_leaks: None) -> None:
     for i in range(2000):
         records[(f"mx{i}.many.test", "A")] = ["127.0.0.1"]
     async with dns_responder(records) as dns_server:
-        settings = SmtpSettings(**{**_fields(FAST), "dns_nameservers": (dns_server.nameserver,)})
+        settings = dataclasses.replace(FAST, dns_nameservers=(dns_server.nameserver,))
         result = await _deliver(f"many.test:{port}", settings)
         looked_up = len(dns_server.queries)
     (r,) = result.recipients

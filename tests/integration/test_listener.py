@@ -6,58 +6,34 @@ import asyncio
 import ipaddress
 import smtplib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import aiosmtplib
 import pytest
 from structlog.testing import capture_logs
 
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
-from qmgrd.spool import QueueFile, RecipientSpec, Spool, read_content
+from qmgrd.listener import ListenerSettings
+from qmgrd.spool import RecipientSpec, read_content
+from tests.support.listener import Listening, loopback_settings, start_listening
 
 TIMEOUT = 20
 
 
-@dataclass
-class Server:
-    handle: ListenerHandle
-    spool: Spool
-    commits: list[str]
-
-    @property
-    def port(self) -> int:
-        return self.handle.addresses[0][1]
-
-    def only_file(self) -> QueueFile:
-        ids = self.spool.list_ids("incoming")
-        assert len(ids) == 1
-        return self.spool.open("incoming", ids[0])
+SETTINGS = loopback_settings()
 
 
-SETTINGS = ListenerSettings(
-    listen=(("127.0.0.1", 0),),
-    myhostname="mx.test",
-    mynetworks=(ipaddress.ip_network("127.0.0.1/32"),),
-    message_size_limit=100_000,
-    smtpd_recipient_limit=3,
-    smtpd_timeout=30,
-)
-
-
-async def _start(tmp_path: Path, settings: ListenerSettings) -> Server:
-    spool = Spool(tmp_path / "spool")
-    spool.ensure_dirs()
-    commits: list[str] = []
-    handle = await start_listener(settings, spool, on_commit=commits.append, clock=lambda: 1e9)
-    return Server(handle, spool, commits)
+async def _start(tmp_path: Path, settings: ListenerSettings) -> Listening:
+    # A fixed clock for the queue files' arrival time; fsync on, as the daemon runs.
+    return await start_listening(tmp_path, settings, clock=lambda: 1e9, fsync=True)
 
 
 @pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[Server]:
+async def server(tmp_path: Path) -> AsyncIterator[Listening]:
+    """The listener with ``SETTINGS`` (recipient limit 3, 100 kB messages)."""
     srv = await _start(tmp_path, SETTINGS)
     yield srv
-    await asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT)
+    await srv.close()
 
 
 async def _dialogue(port: int, lines: list[bytes], source: str = "127.0.0.1") -> list[str]:
@@ -80,7 +56,7 @@ async def _dialogue(port: int, lines: list[bytes], source: str = "127.0.0.1") ->
     return replies
 
 
-async def test_smtplib_message_lands_with_exact_envelope_and_bytes(server: Server) -> None:
+async def test_smtplib_message_lands_with_exact_envelope_and_bytes(server: Listening) -> None:
     """A message with DSN, SMTPUTF8 and 8BITMIME options is stored exactly as sent."""
     body = (
         b"Subject: t\r\n\r\n" + b"x" * 5000 + b"\r\nnul\x00 lone\rcr lone\nlf\r\n.dot\r\n..two\r\n"
@@ -114,7 +90,7 @@ async def test_smtplib_message_lands_with_exact_envelope_and_bytes(server: Serve
     assert read_content(qf.path) == body
 
 
-async def test_aiosmtplib_null_sender_and_log_line(server: Server) -> None:
+async def test_aiosmtplib_null_sender_and_log_line(server: Listening) -> None:
     """The null sender is accepted and one log line names id, client, sender, size and nrcpt."""
     message = b"Subject: bounce\r\n\r\nhello\r\n"
     with capture_logs() as logs:
@@ -132,7 +108,7 @@ async def test_aiosmtplib_null_sender_and_log_line(server: Server) -> None:
     assert qf.queue_id in reply
 
 
-async def test_client_outside_mynetworks_may_not_relay(server: Server) -> None:
+async def test_client_outside_mynetworks_may_not_relay(server: Listening) -> None:
     """A client at 127.0.0.2 gets 554 5.7.1 Relay access denied; nothing is queued."""
 
     def send() -> tuple[int, bytes]:
@@ -149,7 +125,7 @@ async def test_client_outside_mynetworks_may_not_relay(server: Server) -> None:
     assert server.spool.list_ids("incoming") == []
 
 
-async def test_pipelined_transactions_empty_message_and_dot_lines(server: Server) -> None:
+async def test_pipelined_transactions_empty_message_and_dot_lines(server: Listening) -> None:
     """Pipelined commands after the end of data are honoured; dots and empty bodies are exact."""
     replies = await _dialogue(
         server.port,
@@ -198,14 +174,14 @@ async def test_pipelined_transactions_empty_message_and_dot_lines(server: Server
         ([b"RCPT TO:<r@x.example>\r\n"], "503 5.5.1"),
     ],
 )
-async def test_rejections(server: Server, commands: list[bytes], expected: str) -> None:
+async def test_rejections(server: Listening, commands: list[bytes], expected: str) -> None:
     """Each malformed or unacceptable command gets its own code, and the session goes on."""
     replies = await _dialogue(server.port, [b"EHLO c\r\n", *commands, b"NOOP\r\nQUIT\r\n"])
     assert any(r.startswith(expected) for r in replies), replies
     assert replies[-2].startswith("250") and replies[-1].startswith("221")
 
 
-async def test_too_many_recipients(server: Server) -> None:
+async def test_too_many_recipients(server: Listening) -> None:
     """The recipient beyond smtpd_recipient_limit gets 452 4.5.3; the others are kept."""
     rcpts = b"".join(b"RCPT TO:<r%d@x.example>\r\n" % i for i in range(4))
     replies = await _dialogue(
@@ -220,7 +196,7 @@ async def test_too_many_recipients(server: Server) -> None:
     ]
 
 
-async def test_oversize_message_is_refused_and_the_session_continues(server: Server) -> None:
+async def test_oversize_message_is_refused_and_the_session_continues(server: Listening) -> None:
     """Content over message_size_limit gets 552 5.3.4, nothing is queued, next message works."""
     big = b"y" * 999 + b"\r\n"
     replies = await _dialogue(
@@ -238,7 +214,7 @@ async def test_oversize_message_is_refused_and_the_session_continues(server: Ser
     assert read_content(server.only_file().path) == b"small\r\n"
 
 
-async def test_spool_failure_gives_451_and_the_daemon_keeps_serving(server: Server) -> None:
+async def test_spool_failure_gives_451_and_the_daemon_keeps_serving(server: Listening) -> None:
     """With incoming/ unusable the client gets 451 4.3.0 and no file; later clients succeed."""
     incoming = server.spool.root / "incoming"
     incoming.rmdir()
@@ -256,7 +232,7 @@ async def test_spool_failure_gives_451_and_the_daemon_keeps_serving(server: Serv
     assert len(server.commits) == 1
 
 
-async def test_many_concurrent_clients(server: Server) -> None:
+async def test_many_concurrent_clients(server: Listening) -> None:
     """Twenty concurrent aiosmtplib clients each get their own durable queue file."""
 
     async def one(i: int) -> None:
@@ -299,4 +275,4 @@ async def test_ipv6_listener_and_unlimited_size(tmp_path: Path) -> None:
         )
         assert srv.only_file().content_size == 300_002  # the client ends it with CRLF
     finally:
-        await asyncio.wait_for(srv.handle.wait_closed(), TIMEOUT)
+        await srv.close()

@@ -6,11 +6,18 @@ import asyncio
 import dataclasses
 import smtplib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from qmgrd.listener import ListenerSettings, parse_networks, start_listener
-from qmgrd.spool import Spool
+from qmgrd.listener import ListenerSettings, parse_networks
+from tests.support.listener import listening, loopback_settings
+
+
+def _settings(**changes: Any) -> ListenerSettings:
+    return loopback_settings(
+        message_size_limit=10_000_000, smtpd_recipient_limit=100, smtpd_timeout=30.0, **changes
+    )
 
 
 def _send_from(port: int, source: str) -> tuple[int, bytes]:
@@ -23,44 +30,21 @@ def _send_from(port: int, source: str) -> tuple[int, bytes]:
 
 async def test_update_changes_mynetworks_for_new_sessions(tmp_path: Path) -> None:
     """A client refused under 127.0.0.1/32 may relay once mynetworks is reloaded as 127.0.0.0/8."""
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    settings = ListenerSettings(
-        listen=(("127.0.0.1", 0),),
-        myhostname="mx.test",
-        mynetworks=parse_networks(["127.0.0.1/32"]),
-        message_size_limit=10_000_000,
-        smtpd_recipient_limit=100,
-        smtpd_timeout=30.0,
-    )
-    handle = await start_listener(settings, spool, on_commit=lambda _q: None)
-    try:
-        port = handle.addresses[0][1]
-        code, _text = await asyncio.to_thread(_send_from, port, "127.0.0.2")
+    settings = _settings(mynetworks=parse_networks(["127.0.0.1/32"]))
+    async with listening(tmp_path, settings) as srv:
+        code, _text = await asyncio.to_thread(_send_from, srv.port, "127.0.0.2")
         assert code == 554
-        handle.update(dataclasses.replace(settings, mynetworks=parse_networks(["127.0.0.0/8"])))
-        code, _text = await asyncio.to_thread(_send_from, port, "127.0.0.2")
+        srv.handle.update(
+            dataclasses.replace(settings, mynetworks=parse_networks(["127.0.0.0/8"]))
+        )
+        code, _text = await asyncio.to_thread(_send_from, srv.port, "127.0.0.2")
         assert code == 250
-    finally:
-        handle.close()
-        await handle.wait_closed()
 
 
 @pytest.mark.parametrize("limit", [1])
 async def test_update_changes_recipient_limit(tmp_path: Path, limit: int) -> None:
     """A lowered smtpd_recipient_limit applies to the next session: the extra RCPT gets 452."""
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    settings = ListenerSettings(
-        listen=(("127.0.0.1", 0),),
-        myhostname="mx.test",
-        mynetworks=parse_networks(["127.0.0.0/8"]),
-        message_size_limit=10_000_000,
-        smtpd_recipient_limit=100,
-        smtpd_timeout=30.0,
-    )
-    handle = await start_listener(settings, spool, on_commit=lambda _q: None)
-    handle.update(dataclasses.replace(settings, smtpd_recipient_limit=limit))
+    settings = _settings(mynetworks=parse_networks(["127.0.0.0/8"]))
 
     def two_rcpts(port: int) -> int:
         with smtplib.SMTP("127.0.0.1", port, timeout=10) as client:
@@ -69,8 +53,6 @@ async def test_update_changes_recipient_limit(tmp_path: Path, limit: int) -> Non
             client.rcpt("a@example.org")
             return client.rcpt("b@example.org")[0]
 
-    try:
-        assert await asyncio.to_thread(two_rcpts, handle.addresses[0][1]) == 452
-    finally:
-        handle.close()
-        await handle.wait_closed()
+    async with listening(tmp_path, settings) as srv:
+        srv.handle.update(dataclasses.replace(settings, smtpd_recipient_limit=limit))
+        assert await asyncio.to_thread(two_rcpts, srv.port) == 452

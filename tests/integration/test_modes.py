@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import smtplib
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +12,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from qmgrd.spool import DIRECTORIES, Envelope, ReasonRecord, RecipientSpec, Spool
-from tests.integration.test_run import TIMEOUT, Output, _config, _free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.config import free_port, write_config
+from tests.support.process import TIMEOUT, DaemonProcess, running_daemon_process
 
 
 def _mode(path: Path) -> int:
@@ -32,36 +29,25 @@ def _loose(path: Path) -> bool:
 
 
 @pytest.fixture
-def daemon_umask0(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Output, int, Path]]:
+def daemon_umask0(tmp_path: Path) -> Iterator[tuple[DaemonProcess, int, Path]]:
     """``qmgrd run`` started with umask 000, the most permissive an operator could leave."""
-    port = _free_port()
+    port = free_port()
     # No reachable relay: a message stays queued so its files can be inspected.
-    cfg = _config(tmp_path, port, "relayhost = [127.0.0.1]:9\nsmtp_connect_timeout = 1s\n")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=lambda: os.umask(0),
+    conf = write_config(
+        tmp_path,
+        "relayhost = [127.0.0.1]:9\nsmtp_connect_timeout = 1s\n",
+        listen=f"127.0.0.1:{port}",
     )
-    try:
-        yield proc, Output(proc), port, tmp_path / "spool"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(TIMEOUT)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    with running_daemon_process(conf, umask=0) as proc:
+        yield proc, port, tmp_path / "spool"
 
 
 def test_daemon_spool_files_and_control_socket_are_private(
-    daemon_umask0: tuple[subprocess.Popen[bytes], Output, int, Path],
+    daemon_umask0: tuple[DaemonProcess, int, Path],
 ) -> None:
     """Under umask 000 the spool, each queue directory, queue files and defer logs are 0700/0600
     and the control socket grants nothing to other users."""
-    proc, out, port, spool = daemon_umask0
-    out.wait_for("daemon started")
+    out, port, spool = daemon_umask0
     with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
         client.sendmail("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")
     out.wait_for("status=deferred")
@@ -78,8 +64,7 @@ def test_daemon_spool_files_and_control_socket_are_private(
     assert not _loose(sockets[0]), oct(_mode(sockets[0]))
     leaks = [p for p in spool.rglob("*") if _loose(p)] + ([spool] if _loose(spool) else [])
     assert leaks == []
-    proc.terminate()
-    assert proc.wait(TIMEOUT) == 0
+    assert out.stop() == 0
 
 
 def test_existing_loose_spool_directories_are_tightened(tmp_path: Path) -> None:

@@ -2,32 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import ipaddress
 import socket
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from qmgrd.config import load_config
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
+from qmgrd.listener import ListenerSettings
 from qmgrd.log import render_postfix
-from qmgrd.spool import Spool
-
-TIMEOUT = 20
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.config import write_config
+from tests.support.listener import Chat, listening
 
 
 def _default_settings(tmp_path: Path) -> ListenerSettings:
-    conf = tmp_path / "etc"
-    conf.mkdir(exist_ok=True)
-    (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
-    (conf / "main.cf").write_text("smtpd_listen = 127.0.0.1:0\n")
-    return ListenerSettings.from_config(load_config(conf, hostname="mx.test"))
+    return ListenerSettings.from_config(load_config(write_config(tmp_path), hostname="mx.test"))
 
 
 def test_default_mynetworks_is_loopback_only(tmp_path: Path) -> None:
@@ -43,47 +34,15 @@ def test_default_mynetworks_is_loopback_only(tmp_path: Path) -> None:
         assert not settings.permits_relay(addr), addr
 
 
-@dataclasses.dataclass
-class Listener:
-    handle: ListenerHandle
-    spool: Spool
-    commits: list[str]
-
-    @property
-    def port(self) -> int:
-        return self.handle.addresses[0][1]
-
-
-@contextlib.asynccontextmanager
-async def listening(tmp_path: Path, settings: ListenerSettings) -> AsyncIterator[Listener]:
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    commits: list[str] = []
-    handle = await start_listener(settings, spool, on_commit=commits.append)
-    try:
-        yield Listener(handle, spool, commits)
-    finally:
-        await asyncio.wait_for(handle.wait_closed(), TIMEOUT)
-
-
 async def _session(host: str, port: int, lines: list[str]) -> list[str]:
-    """Send ``lines`` one at a time; the first reply of each (the 220 greeting first)."""
-    reader, writer = await asyncio.open_connection(host, port)
-    replies: list[str] = []
+    """Send ``lines`` one at a time; the last line of each reply (the 220 greeting first)."""
+    chat, greeting = await Chat.open(host, port)
+    replies = [greeting.splitlines()[-1]]
     try:
-        for line in [None, *lines]:
-            if line is not None:
-                writer.write(line.encode("utf-8", "surrogateescape") + b"\r\n")
-            while True:
-                raw = await asyncio.wait_for(reader.readline(), TIMEOUT)
-                assert raw, f"closed after {replies}"
-                if raw[3:4] != b"-":
-                    replies.append(raw.decode().rstrip("\r\n"))
-                    break
+        for line in lines:
+            replies.append((await chat.cmd(line)).splitlines()[-1])
     finally:
-        writer.close()
-        with contextlib.suppress(ConnectionError):
-            await writer.wait_closed()
+        await chat.close()
     return replies
 
 

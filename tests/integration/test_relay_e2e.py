@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from qmgrd.daemon.clock import FakeClock
 from tests.integration.e2e import (
     message_bytes,
     running_daemon,
     sent_events,
     status_events,
-    write_config,
 )
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
+from tests.support.clock import FakeClock
+from tests.support.config import write_config
 
 
 def _transport_map(routes: dict[str, SinkServer], transport: str = "smtp") -> str:

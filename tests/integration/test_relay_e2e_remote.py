@@ -13,8 +13,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-import trustme
 from structlog.testing import capture_logs
 
 from qmgrd.spool import QueueFile, Spool
@@ -27,9 +25,9 @@ from tests.integration.e2e import (
     sent_events,
     status_events,
     wait_for_messages,
-    write_config,
 )
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
+from tests.support.config import write_config
 
 
 def _routes(pairs: dict[str, str]) -> str:
@@ -84,20 +82,6 @@ async def test_mx_fallback_null_mx_and_servfail_in_one_message(tmp_path: Path) -
     parsed = email.message_from_bytes(dsn.content)
     assert parsed.get_content_type() == "multipart/report"
     assert b"b@null.test" in dsn.content and b"c@servfail.test" not in dsn.content
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    """A throwaway certificate authority."""
-    return trustme.CA()
-
-
-@pytest.fixture
-def server_tls(ca: trustme.CA) -> ssl.SSLContext:
-    """A server context with a certificate for 127.0.0.1 signed by the test CA."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(ctx)
-    return ctx
 
 
 async def test_starttls_may_and_encrypt_and_encrypt_without_starttls_defers(

@@ -6,7 +6,6 @@ what is asserted is what a remote server (an aiosmtpd sink) and the log see.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -14,25 +13,18 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from qmgrd.daemon.clock import FakeClock
 from tests.integration.e2e import (
     commit,
     offline_spool,
     running_daemon,
     sent_events,
     status_events,
-    write_config,
 )
 from tests.integration.sinks import SinkConfig, smtp_sink
+from tests.support.clock import FakeClock
+from tests.support.config import free_port, write_config
 
 WINDOW = 4
-
-
-def _closed_port() -> int:
-    """A loopback port with nothing listening: every connection is refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_refusing_destination_dies_defers_waiting_mail_and_revives_after_backoff(
@@ -48,7 +40,7 @@ async def test_refusing_destination_dies_defers_waiting_mail_and_revives_after_b
     and, once a server listens there, the retry delivers every message once.
     """
     clock = FakeClock()
-    port = _closed_port()
+    port = free_port()  # nothing listens there: every connection is refused
     conf = write_config(tmp_path, main=f"relayhost = [127.0.0.1]:{port}")
     rcpts = [f"u{i}@dead.test" for i in range(20)]
     with capture_logs() as logs:

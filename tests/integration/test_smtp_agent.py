@@ -10,13 +10,10 @@ from collections.abc import AsyncIterator
 import pytest
 
 from qmgrd.delivery.agent import Outcome
+from qmgrd.delivery.mx import Destination, DnsFailure, Endpoint, MxResolver
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.sinks import MESSAGE, SinkConfig, make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from sinks import MESSAGE, SinkConfig, make_request, smtp_sink  # type: ignore[no-redef]
+from tests.integration.sinks import MESSAGE, SinkConfig, make_request, smtp_sink
 
 FAST = SmtpSettings(helo_name="client.test", connect_timeout=5, helo_timeout=5, rset_timeout=5)
 
@@ -141,10 +138,8 @@ async def test_max_sessions_421_is_hop_failure() -> None:
     async with smtp_sink(SinkConfig(max_sessions=1, stall=frozenset({"MAIL"}))) as sink:
         agent = SmtpAgent(FAST)
         first = asyncio.ensure_future(agent.deliver(make_request(sink.nexthop, ["a@x.test"])))
-        for _ in range(200):  # bounded: wait until the first session holds the slot
-            if sink.active >= 1 and "EHLO" in sink.commands:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_stalled("MAIL")  # the first session holds the slot
+        assert sink.active >= 1 and "EHLO" in sink.commands
         second = await agent.deliver(make_request(sink.nexthop, ["b@x.test"]))
         sink.release()
         first_result = await asyncio.wait_for(first, 10)
@@ -297,11 +292,11 @@ async def test_content_read_error_defers_without_hop() -> None:
 async def test_unexpected_exception_becomes_deferral() -> None:
     """An unexpected exception in the agent is a per-message 4.3.0 deferral, not a hop failure."""
 
-    class ExplodingResolver:
-        async def lookup(self, dest: object) -> object:
+    class ExplodingResolver(MxResolver):
+        async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
             raise RuntimeError("boom")
 
-    agent = SmtpAgent(FAST, resolver=ExplodingResolver())  # type: ignore[arg-type]
+    agent = SmtpAgent(FAST, resolver=ExplodingResolver())
     result = await agent.deliver(make_request("example.test", ["a@x.test", "b@x.test"]))
     await agent.close()
     assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.0")}
@@ -313,16 +308,11 @@ async def test_cancelled_delivery_closes_its_connection() -> None:
     async with smtp_sink(SinkConfig(stall=frozenset({"RCPT"}))) as sink:
         agent = SmtpAgent(FAST)
         task = asyncio.ensure_future(agent.deliver(make_request(sink.nexthop, ["a@x.test"])))
-        for _ in range(200):  # bounded: wait until the server is stalled in RCPT
-            if sink.active == 1 and "EHLO" in sink.commands:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_stalled("RCPT")
+        assert sink.active == 1 and "EHLO" in sink.commands
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        for _ in range(200):
-            if sink.active == 0:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_for(lambda: sink.active == 0, "the connection to close")
         await agent.close()
         assert sink.active == 0

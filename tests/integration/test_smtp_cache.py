@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.sinks import make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from sinks import make_request, smtp_sink  # type: ignore[no-redef]
+from tests.integration.sinks import make_request, smtp_sink
+from tests.support.clock import FakeClock
 
 
 @dataclass
@@ -47,18 +45,8 @@ class FakeHandle:
         self.cancelled = True
 
 
-@dataclass
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    now: float = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _settings(**kwargs: object) -> SmtpSettings:
-    return SmtpSettings(helo_name="client.test", connect_timeout=5, helo_timeout=5, **kwargs)  # type: ignore[arg-type]
+def _settings(**kwargs: Any) -> SmtpSettings:
+    return SmtpSettings(helo_name="client.test", connect_timeout=5, helo_timeout=5, **kwargs)
 
 
 async def test_back_to_back_deliveries_reuse_one_session() -> None:
@@ -117,10 +105,10 @@ async def test_reuse_time_limit() -> None:
     clock = FakeClock()
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings(connection_reuse_time_limit=300), clock=clock)
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
-        clock.now += 301
+        clock.advance(301)
         await agent.deliver(make_request(sink.nexthop, ["c@x.test"], **flags))
         await agent.deliver(make_request(sink.nexthop, ["d@x.test"], **flags))
         await agent.close()
@@ -138,10 +126,7 @@ async def test_idle_session_expires_with_quit() -> None:
         assert len(agent.cache) == 1
         assert timers.fire_all() == 1
         assert len(agent.cache) == 0
-        for _ in range(200):  # bounded wait for the background QUIT
-            if "QUIT" in sink.commands:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_for(lambda: "QUIT" in sink.commands, "the background QUIT")
         await agent.deliver(
             make_request(sink.nexthop, ["b@x.test"], cache_load=True, cache_store=True)
         )
@@ -155,14 +140,12 @@ async def test_dead_cached_session_is_replaced() -> None:
     """A cached session the server closed fails its RSET probe and a new connection is used."""
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings())
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         await agent.deliver(make_request(sink.nexthop, ["a@x.test"], **flags))
         for protocol in list(sink._protocols):  # the server drops idle connections
+            assert protocol.transport is not None
             protocol.transport.close()
-        for _ in range(200):
-            if sink.active == 0:
-                break
-            await asyncio.sleep(0.01)
+        await sink.wait_for(lambda: sink.active == 0, "the server to drop its connections")
         result = await agent.deliver(make_request(sink.nexthop, ["b@x.test"], **flags))
         await agent.close()
     assert result.recipients[0].outcome is Outcome.SENT
@@ -174,7 +157,7 @@ async def test_concurrent_deliveries_share_the_cache() -> None:
     """Concurrent deliveries open at most one session each, then later ones reuse them."""
     async with smtp_sink() as sink:
         agent = SmtpAgent(_settings())
-        flags = {"cache_load": True, "cache_store": True}
+        flags: dict[str, Any] = {"cache_load": True, "cache_store": True}
         for batch in range(4):
             results = await asyncio.gather(
                 *(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -12,25 +13,7 @@ import trustme
 from qmgrd.delivery.agent import Outcome
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
-
-try:
-    from tests.integration.sinks import SinkConfig, make_request, smtp_sink
-except ImportError:  # tests/integration on sys.path (pytest's default prepend mode)
-    from sinks import SinkConfig, make_request, smtp_sink  # type: ignore[no-redef]
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    """A throwaway certificate authority."""
-    return trustme.CA()
-
-
-@pytest.fixture
-def server_tls(ca: trustme.CA) -> ssl.SSLContext:
-    """A server context with a certificate for 127.0.0.1 signed by the test CA."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1").configure_cert(ctx)
-    return ctx
+from tests.integration.sinks import SinkConfig, make_request, smtp_sink
 
 
 @pytest.fixture
@@ -41,14 +24,14 @@ def ca_file(ca: trustme.CA, tmp_path: Path) -> Iterator[str]:
     yield str(path)
 
 
-def _settings(level: str, **kwargs: object) -> SmtpSettings:
+def _settings(level: str, **kwargs: Any) -> SmtpSettings:
     return SmtpSettings(
         helo_name="client.test",
         tls_security_level=level,
         connect_timeout=5,
         helo_timeout=5,
         starttls_timeout=5,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,
     )
 
 

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool
-from tests.integration.test_run import TIMEOUT, _config, _free_port
+from tests.support.config import free_port as _free_port
+from tests.support.config import write_config
+from tests.support.process import TIMEOUT
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,7 +36,7 @@ def _qmgrd(cfg: Path, *args: str) -> bytes:
 
 
 def _hostile_spool(tmp_path: Path) -> tuple[Path, str]:
-    cfg = _config(tmp_path, _free_port())
+    cfg = write_config(tmp_path, listen=f"127.0.0.1:{_free_port()}")
     spool = Spool(tmp_path / "spool", fsync=False)
     spool.ensure_dirs()
     qid = spool.commit(

@@ -12,9 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_run import TIMEOUT, Output, _config, _free_port
+from tests.support.config import free_port as _free_port
+from tests.support.config import write_config
+from tests.support.process import TIMEOUT, DaemonProcess
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _config(tmp_path: Path, port: int, extra: str = "") -> Path:
+    return write_config(tmp_path, extra, listen=f"127.0.0.1:{port}")
 
 
 def _qmgrd(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,19 +50,11 @@ def test_second_daemon_is_refused_and_moves_nothing(tmp_path: Path, silent_mx: i
     """While a daemon delivers a message from active/, a second ``qmgrd run`` exits 1 with one
     line naming the first daemon's pid; the active file stays and the first daemon logs no error."""
     port = _free_port()
-    cfg = _config(
-        tmp_path, port, f"relayhost = [127.0.0.1]:{silent_mx}\nshutdown_timeout = 1s\n"
-    )
+    cfg = _config(tmp_path, port, f"relayhost = [127.0.0.1]:{silent_mx}\nshutdown_timeout = 1s\n")
     spool = tmp_path / "spool"
-    first = subprocess.Popen(
-        [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    first = DaemonProcess(cfg).start()
     try:
-        out = Output(first)
+        out = first
         out.wait_for("daemon started")
         with smtplib.SMTP("127.0.0.1", port, timeout=TIMEOUT) as client:
             client.sendmail("s@example.com", ["r@example.com"], b"Subject: 1\r\n\r\nhi\r\n")
@@ -70,7 +68,7 @@ def test_second_daemon_is_refused_and_moves_nothing(tmp_path: Path, silent_mx: i
         assert second.returncode == 1
         assert second.stderr.splitlines() == [
             f"qmgrd: fatal: the queue directory {spool} is in use by another qmgrd daemon "
-            f"(pid {first.pid}, lock file {spool / 'pid' / 'master.pid'})"
+            f"(pid {first.proc.pid}, lock file {spool / 'pid' / 'master.pid'})"
         ], second.stderr
         assert sorted(os.listdir(spool / "active")) == active
         assert os.listdir(spool / "incoming") == []
@@ -81,14 +79,9 @@ def test_second_daemon_is_refused_and_moves_nothing(tmp_path: Path, silent_mx: i
             client.sendmail("s@example.com", ["r@example.com"], b"Subject: 2\r\n\r\nhi\r\n")
         lines += out.wait_for("(queue active)")
         assert [line for line in lines if "error" in line or "warning" in line] == []
-        first.terminate()
-        assert first.wait(TIMEOUT) == 0
+        assert first.stop() == 0
     finally:
-        if first.poll() is None:
-            first.kill()
-        first.wait(TIMEOUT)
-        if first.stdout is not None:
-            first.stdout.close()
+        first.close()
 
 
 def test_daemon_starts_after_the_previous_one_was_killed(tmp_path: Path) -> None:
@@ -96,23 +89,15 @@ def test_daemon_starts_after_the_previous_one_was_killed(tmp_path: Path) -> None
     port = _free_port()
     cfg = _config(tmp_path, port)
     for _ in range(2):
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
+        daemon = DaemonProcess(cfg).start()
         try:
-            Output(proc).wait_for("daemon started")
+            daemon.wait_for("daemon started")
             assert (tmp_path / "spool" / "pid" / "master.pid").read_text().strip() == str(
-                proc.pid
+                daemon.proc.pid
             )
+            daemon.kill()
         finally:
-            proc.kill()
-            proc.wait(TIMEOUT)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            daemon.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to nobody")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -233,9 +234,15 @@ def test_unlimited_limit_grows_without_bound() -> None:
 def test_constructor_checks_settings() -> None:
     """init must be >= 1 and <= a non-zero limit; the window starts READY at init."""
     assert make(init=3, limit=0).window == 3
-    for kwargs in ({"init": 0}, {"init": 6, "limit": 5}, {"limit": -1}, {"cohort_limit": -1}):
+    bad: list[Callable[[], ConcurrencyWindow]] = [
+        lambda: make(init=0),
+        lambda: make(init=6, limit=5),
+        lambda: make(limit=-1),
+        lambda: make(cohort_limit=-1),
+    ]
+    for build in bad:
         with pytest.raises(InvariantError):
-            make(**kwargs)  # type: ignore[arg-type]
+            build()
 
 
 # --- dead destinations ----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,9 +88,9 @@ def test_empty_table_matches_nothing() -> None:
     assert EMPTY.lookup("u@x.test") is None
 
 
-def resolver(**kwargs: object) -> Resolver:
+def resolver(**kwargs: Any) -> Resolver:
     """A resolver over the test tables with extra settings."""
-    return Resolver(ResolverSettings(transport_table=table(), **kwargs))  # type: ignore[arg-type]
+    return Resolver(ResolverSettings(transport_table=table(), **kwargs))
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from schedsim import Sim, digits
 
 from qmgrd.core import (
     DestinationDead,
@@ -17,17 +18,18 @@ from qmgrd.core import (
 )
 from qmgrd.core.dll import DList, Link
 from qmgrd.errors import InvariantError
+from tests.unit.core.schedsim import Sim, digits
 
 
-def _one_at_a_time(**kw: object) -> TransportParams:
-    base: dict[str, object] = {
+def _one_at_a_time(**kw: Any) -> TransportParams:
+    base: dict[str, Any] = {
         "destination_recipient_limit": 1,
         "initial_destination_concurrency": 1,
         "destination_concurrency_limit": 1,
         "delivery_slot_cost": 0,
     }
     base.update(kw)
-    return TransportParams(**base)  # type: ignore[arg-type]
+    return TransportParams(**base)
 
 
 def test_dlist_rotate_and_safe_iteration() -> None:
@@ -57,7 +59,9 @@ def test_blocker_job_skipped_until_its_queue_has_room() -> None:
     e2 = sim.sched.select(sim.now)
     assert e1 is not None and e2 is not None
     assert (e1.queue_name, e2.queue_name) == ("slow", "fast")
-    job1 = sim.sched.find_message("1").jobs["smtp"]  # type: ignore[union-attr]
+    msg1 = sim.sched.find_message("1")
+    assert msg1 is not None
+    job1 = msg1.jobs["smtp"]
     assert job1.blocker_tag == t.blocker_tag  # slow is full: job 1 is a blocker
     assert t.queues["slow"].blocker_tag == t.blocker_tag
     assert sim.sched.select(sim.now) is None  # both queues full
@@ -338,8 +342,9 @@ def test_back_to_back_survives_a_queue_going_idle_for_under_a_second() -> None:
     e1 = sim.sched.select(t0)
     assert e1 is not None and not e1.cache_store
     sim.sched.entry_done(e1, now=t0)
-    assert sim.sched.find_transport("smtp") is not None
-    assert "a" not in sim.sched.find_transport("smtp").queues  # type: ignore[union-attr]
+    smtp = sim.sched.find_transport("smtp")
+    assert smtp is not None
+    assert "a" not in smtp.queues
     sim.now = t0 + 0.5
     sim.add("2", [("smtp", "a")])
     e2 = sim.sched.select(t0 + 0.5)

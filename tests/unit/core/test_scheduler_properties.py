@@ -6,7 +6,6 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schedsim import Sim
 
 from qmgrd.core import (
     Entry,
@@ -15,6 +14,7 @@ from qmgrd.core import (
     SchedulerParams,
     TransportParams,
 )
+from tests.unit.core.schedsim import Sim
 
 TRANSPORTS = ("smtp", "relay", "local")
 

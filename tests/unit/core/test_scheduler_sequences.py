@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from schedsim import Sim, digits
 
 from qmgrd.core import TransportParams
+from tests.unit.core.schedsim import Sim, digits
 
 
 def _serial(cost: int, loan: int, discount: int) -> TransportParams:

@@ -5,120 +5,27 @@ from __future__ import annotations
 import asyncio
 import email
 import os
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from qmgrd.config import load_config
-from qmgrd.daemon.assemble import create_engine
-from qmgrd.daemon.clock import FakeClock
-from qmgrd.daemon.engine import Engine
-from qmgrd.delivery.agent import (
-    DeliveryRequest,
-    DeliveryResult,
-    HopStatus,
-    Outcome,
-    RecipientResult,
-)
-from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
-
-Verdict = tuple[Outcome, str, str]
-
-
-@dataclass
-class FakeAgent:
-    """An agent that answers from a rule and records what it was asked to deliver."""
-
-    rule: Callable[[str], Verdict] = lambda _addr: (Outcome.SENT, "2.0.0", "250 2.0.0 Ok")
-    hop: Callable[[DeliveryRequest], HopStatus | None] = lambda _req: None
-    requests: list[DeliveryRequest] = field(default_factory=list)
-    delivered: list[tuple[str, str]] = field(default_factory=list)  # (queue_id, address)
-    contents: list[bytes] = field(default_factory=list)  # content of each request
-
-    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
-        """Answer every recipient by the rule; reads the content like a real agent."""
-        self.requests.append(request)
-        content = b"".join([c async for c in _chunks(request)])
-        assert content
-        self.contents.append(content)
-        results = []
-        for r in request.recipients:
-            outcome, dsn, reply = self.rule(r.address)
-            if outcome is Outcome.SENT:
-                self.delivered.append((request.queue_id, r.address))
-            results.append(RecipientResult(r, outcome, dsn, reply, "sink[127.0.0.1]:25"))
-        return DeliveryResult(tuple(results), self.hop(request))
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
-async def _chunks(request: DeliveryRequest) -> AsyncIterator[bytes]:
-    async for chunk in request.content.chunks():
-        yield chunk
-
-
-def _config(tmp_path: Path, extra: str = "") -> Path:
-    conf = tmp_path / "conf"
-    conf.mkdir()
-    (conf / "main.cf").write_text(
-        f"queue_directory = {tmp_path / 'spool'}\nmyhostname = mx.test\n{extra}\n"
-    )
-    (conf / "master.cf").write_text(
-        "smtp unix - - n - - smtp\n"
-        "relay unix - - n - - smtp\n"
-        "error unix - - n - - error\n"
-        "retry unix - - n - - retry\n"
-        "discard unix - - n - - discard\n"
-    )
-    return conf
-
-
-def _engine(tmp_path: Path, agent: FakeAgent, extra: str = "") -> tuple[Engine, Spool, FakeClock]:
-    cfg = load_config(_config(tmp_path, extra), hostname="mx.test")
-    clock = FakeClock()
-    spool = Spool(tmp_path / "spool", fsync=False)
-    spool.ensure_dirs()
-    engine = create_engine(cfg, spool=spool, clock=clock, agents={"smtp": agent, "relay": agent})
-    return engine, spool, clock
-
-
-def _submit(
-    spool: Spool, clock: FakeClock, sender: str, rcpts: list[str], body: bytes = b""
-) -> str:
-    env = Envelope(
-        sender=sender,
-        recipients=tuple(RecipientSpec(r) for r in rcpts),
-        arrival_time=clock.now(),
-    )
-    content = b"Subject: test\r\nMessage-ID: <m@test>\r\n\r\n" + (body or b"hello\r\n")
-    return spool.commit(env, content)
-
-
-async def _run_until_idle(engine: Engine) -> asyncio.Task[None]:
-    task = asyncio.create_task(engine.run())
-    await asyncio.wait_for(engine.wait_idle(), 20)
-    return task
-
-
-async def _stop(engine: Engine, task: asyncio.Task[None]) -> None:
-    engine.stop()
-    await asyncio.wait_for(task, 20)
+from qmgrd.delivery.agent import HopStatus, Outcome
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, read_content
+from tests.support.agents import FakeAgent, Verdict
+from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
 
 
 async def test_delivers_every_recipient_once_and_empties_the_spool(tmp_path: Path) -> None:
     """50 messages, 1-7 recipients, 3 domains: each recipient delivered once, spool empty."""
     agent = FakeAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     expected = set()
     for i in range(50):
         rcpts = [f"u{j}@d{(i + j) % 3}.test" for j in range(1 + i % 7)]
-        qid = _submit(spool, clock, "s@src.test", rcpts)
+        qid = submit(spool, clock, "s@src.test", rcpts)
         expected |= {(qid, r) for r in rcpts}
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert sorted(agent.delivered) == sorted(expected)
     for queue in ("incoming", "active", "deferred", "corrupt"):
         assert spool.list_ids(queue) == [], queue
@@ -137,9 +44,9 @@ async def test_deferred_recipients_are_retried_later_and_sent_ones_are_not_repea
         return Outcome.SENT, "2.0.0", "250 ok"
 
     agent = FakeAgent(rule=rule)
-    engine, spool, clock = _engine(tmp_path, agent)
-    qid = _submit(spool, clock, "s@src.test", ["now@a.test", "later@a.test", "also@b.test"])
-    task = await _run_until_idle(engine)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    qid = submit(spool, clock, "s@src.test", ["now@a.test", "later@a.test", "also@b.test"])
+    task = await run_until_idle(engine)
     assert spool.list_ids("deferred") == [qid]
     mtime = spool.path("deferred", qid).stat().st_mtime
     assert mtime == pytest.approx(clock.now() + 300, abs=1)  # minimal_backoff_time
@@ -151,7 +58,7 @@ async def test_deferred_recipients_are_retried_later_and_sent_ones_are_not_repea
     clock.advance(301)
     engine.request_deferred_scan()
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
     assert sorted(a for _q, a in agent.delivered) == ["also@b.test", "later@a.test", "now@a.test"]
     assert spool.list_ids("deferred") == []
 
@@ -165,10 +72,10 @@ async def test_bounced_recipients_produce_one_dsn_to_the_sender(tmp_path: Path) 
         return Outcome.SENT, "2.0.0", "250 ok"
 
     agent = FakeAgent(rule=rule)
-    engine, spool, clock = _engine(tmp_path, agent)
-    _submit(spool, clock, "sender@src.test", ["bad1@a.test", "good@a.test", "bad2@b.test"])
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    submit(spool, clock, "sender@src.test", ["bad1@a.test", "good@a.test", "bad2@b.test"])
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     dsn_requests = [r for r in agent.requests if r.sender == ""]
     assert len(dsn_requests) == 1
     assert [r.address for r in dsn_requests[0].recipients] == ["sender@src.test"]
@@ -191,10 +98,10 @@ async def test_expired_message_is_returned_and_removed(tmp_path: Path) -> None:
             else (Outcome.SENT, "2.0.0", "250 ok")
         )
     )
-    engine, spool, clock = _engine(tmp_path, agent, "maximal_queue_lifetime = 0")
-    _submit(spool, clock, "sender@src.test", ["r@a.test"])
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    engine, spool, clock = create_test_engine(tmp_path, agent, "maximal_queue_lifetime = 0")
+    submit(spool, clock, "sender@src.test", ["r@a.test"])
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert spool.list_ids("deferred") == []
     notices = [r for r in agent.requests if r.sender == ""]
     assert len(notices) == 1
@@ -208,14 +115,14 @@ async def test_dead_destination_defers_waiting_entries_at_once(tmp_path: Path) -
         rule=lambda _a: (Outcome.DEFERRED, "4.4.1", "connect refused"),
         hop=lambda _r: HopStatus("4.4.1", "connect to a.test: Connection refused"),
     )
-    engine, spool, clock = _engine(
+    engine, spool, clock = create_test_engine(
         tmp_path,
         agent,
         "initial_destination_concurrency = 1",
     )
-    qids = [_submit(spool, clock, "s@src.test", [f"u{i}@a.test"]) for i in range(5)]
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    qids = [submit(spool, clock, "s@src.test", [f"u{i}@a.test"]) for i in range(5)]
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert len(agent.requests) == 1  # only the first was tried
     assert sorted(spool.list_ids("deferred")) == sorted(qids)
     for qid in qids:
@@ -225,16 +132,16 @@ async def test_dead_destination_defers_waiting_entries_at_once(tmp_path: Path) -
 async def test_restart_recovers_active_and_skips_done_recipients(tmp_path: Path) -> None:
     """A file left in active/ with one recipient marked done is recovered; only the rest is sent."""
     agent = FakeAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
-    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    qid = submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
     spool.move(qid, "incoming", "active")
     qf = QueueFile.open(spool.path("active", qid))
     records, _ = qf.read_recipients(qf.first_recipient_offset, 10)
     from qmgrd.spool import mark_done
 
     mark_done(spool.path("active", qid), [records[0].offset])
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert agent.delivered == [(qid, "two@a.test")]
     assert spool.list_ids("active") == [] and spool.list_ids("incoming") == []
 
@@ -242,14 +149,14 @@ async def test_restart_recovers_active_and_skips_done_recipients(tmp_path: Path)
 async def test_corrupt_file_is_quarantined_and_others_delivered(tmp_path: Path) -> None:
     """Garbage in incoming/ goes to corrupt/; a good message next to it is delivered."""
     agent = FakeAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
-    good = _submit(spool, clock, "s@src.test", ["x@a.test"])
-    bad = _submit(spool, clock, "s@src.test", ["y@a.test"])
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    good = submit(spool, clock, "s@src.test", ["x@a.test"])
+    bad = submit(spool, clock, "s@src.test", ["y@a.test"])
     path = spool.path("incoming", bad)
     path.write_bytes(b"garbage" * 3)
     os.utime(path)
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert agent.delivered == [(good, "x@a.test")]
     assert spool.list_ids("corrupt") == [bad]
 
@@ -257,12 +164,12 @@ async def test_corrupt_file_is_quarantined_and_others_delivered(tmp_path: Path) 
 async def test_content_reaches_the_agent_byte_exact(tmp_path: Path) -> None:
     """The agent streams exactly the bytes the queue file holds."""
     agent = FakeAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     body = b"line\r\n\x00nul\rlone\nlf\r\n" + b"x" * 5000 + b"\r\n"
-    qid = _submit(spool, clock, "s@src.test", ["x@a.test"], body)
+    qid = submit(spool, clock, "s@src.test", ["x@a.test"], body)
     expected = read_content(spool.path("incoming", qid))
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert agent.contents == [expected]
 
 
@@ -275,7 +182,7 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
         if a == "sender@src.test"
         else (Outcome.DEFERRED, "4.4.1", "connection refused")
     )
-    engine, spool, clock = _engine(tmp_path, agent)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
     warned = spool.commit(
         Envelope(
             sender="sender@src.test",
@@ -285,7 +192,7 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
         ),
         b"Subject: slow\r\n\r\nbody\r\n",
     )
-    task = await _run_until_idle(engine)
+    task = await run_until_idle(engine)
     notices = [r for r in agent.requests if r.sender == ""]
     assert len(notices) == 1
     body = agent.contents[agent.requests.index(notices[0])].decode()
@@ -295,11 +202,13 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
     engine.request_deferred_scan()
     await asyncio.wait_for(engine.wait_idle(), 20)
     assert len([r for r in agent.requests if r.sender == ""]) == 1  # warned once only
-    await _stop(engine, task)
+    await stop_engine(engine, task)
 
     agent2 = FakeAgent(rule=lambda _a: (Outcome.DEFERRED, "4.4.1", "connection refused"))
     (tmp_path / "two").mkdir()
-    engine2, spool2, clock2 = _engine(tmp_path / "two", agent2, "maximal_queue_lifetime = 0")
+    engine2, spool2, clock2 = create_test_engine(
+        tmp_path / "two", agent2, "maximal_queue_lifetime = 0"
+    )
     spool2.commit(
         Envelope(
             sender="sender@src.test",
@@ -308,8 +217,8 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
         ),
         b"Subject: x\r\n\r\nbody\r\n",
     )
-    task2 = await _run_until_idle(engine2)
-    await _stop(engine2, task2)
+    task2 = await run_until_idle(engine2)
+    await stop_engine(engine2, task2)
     assert [r for r in agent2.requests if r.sender == ""] == []
     assert spool2.list_ids("deferred") == [] and spool2.list_ids("incoming") == []
 
@@ -317,14 +226,14 @@ async def test_delay_warning_is_sent_once_and_notify_never_suppresses_expiry_dsn
 async def test_startup_removes_reason_logs_of_vanished_messages(tmp_path: Path) -> None:
     """A defer log left behind by a crash after its message was removed is deleted at start."""
     agent = FakeAgent()
-    engine, spool, clock = _engine(tmp_path, agent)
-    kept = _submit(spool, clock, "s@src.test", ["x@a.test"])
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    kept = submit(spool, clock, "s@src.test", ["x@a.test"])
     spool.move(kept, "incoming", "hold")
     from qmgrd.spool import ReasonRecord
 
     record = ReasonRecord("x@a.test", "4.4.1", "delayed", "refused", clock.now())
     spool.append_reasons("defer", kept, [record])
     spool.append_reasons("defer", "1K0S000000000AA", [record])
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    task = await run_until_idle(engine)
+    await stop_engine(engine, task)
     assert spool.list_ids("defer") == [kept]

@@ -3,46 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from qmgrd.daemon.assemble import reload_engine
-from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult, Outcome, RecipientResult
-
-from .test_engine import FakeAgent, _engine, _run_until_idle, _stop, _submit
-
-
-@dataclass
-class StallingAgent:
-    """Delivers only after `release` is set; counts deliveries in flight."""
-
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-    started: list[DeliveryRequest] = field(default_factory=list)
-    delivered: list[tuple[str, str]] = field(default_factory=list)
-
-    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
-        """Wait for the release, then report every recipient sent."""
-        self.started.append(request)
-        await self.release.wait()
-        self.delivered.extend((request.queue_id, r.address) for r in request.recipients)
-        return DeliveryResult(
-            tuple(RecipientResult(r, Outcome.SENT, "2.0.0", "250 ok") for r in request.recipients)
-        )
-
-    async def close(self) -> None:
-        """Nothing to release."""
-
-
-async def _until(predicate: Callable[[], bool], limit: int = 5000) -> None:
-    """Yield to the loop (and its worker threads) until ``predicate`` holds; bounded."""
-    for _ in range(limit):
-        if predicate():
-            return
-        await asyncio.sleep(0.002)
-    raise AssertionError("condition not reached")
+from qmgrd.delivery.agent import Outcome
+from tests.support.agents import FakeAgent, stalled_agent
+from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
 
 
 async def test_hold_and_release_of_a_deferred_message(tmp_path: Path) -> None:
@@ -55,16 +23,16 @@ async def test_hold_and_release_of_a_deferred_message(tmp_path: Path) -> None:
         return Outcome.SENT, "2.0.0", "250 ok"
 
     agent = FakeAgent(rule=rule)
-    engine, spool, clock = _engine(tmp_path, agent)
-    qid = _submit(spool, clock, "s@src.test", ["r@a.test"])
-    task = await _run_until_idle(engine)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    qid = submit(spool, clock, "s@src.test", ["r@a.test"])
+    task = await run_until_idle(engine)
     assert spool.list_ids("deferred") == [qid]
     assert await engine.operate("hold", [qid]) == {qid: "ok"}
     assert spool.list_ids("hold") == [qid] and spool.list_ids("deferred") == []
     state["fail"] = False
     assert await engine.operate("release", None) == {qid: "ok"}
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
     assert ("r@a.test") in [a for _q, a in agent.delivered]
     assert spool.list_ids("hold") == [] and spool.list_ids("deferred") == []
 
@@ -73,22 +41,22 @@ async def test_hold_of_an_active_message_waits_for_the_delivery_in_flight(
     tmp_path: Path,
 ) -> None:
     """Hold of an active message: the delivery in flight ends, no other starts, file in hold/."""
-    agent = StallingAgent()
-    engine, spool, clock = _engine(
+    agent = stalled_agent()
+    engine, spool, clock = create_test_engine(
         tmp_path,
         FakeAgent(),
         "smtp_destination_recipient_limit = 2\n"
         "smtp_initial_destination_concurrency = 1\nsmtp_destination_concurrency_limit = 1",
     )
     engine.agents = {"smtp": agent}
-    qid = _submit(spool, clock, "s@src.test", [f"u{i}@a.test" for i in range(6)])
+    qid = submit(spool, clock, "s@src.test", [f"u{i}@a.test" for i in range(6)])
     task = asyncio.create_task(engine.run())
-    await _until(lambda: len(agent.started) == 1)
+    await agent.wait_started(1)
     assert await engine.operate("hold", [qid]) == {qid: "pending"}
-    agent.release.set()
+    agent.release()
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
-    assert len(agent.started) == 1
+    await stop_engine(engine, task)
+    assert len(agent.requests) == 1
     assert len(agent.delivered) == 2
     assert spool.list_ids("hold") == [qid]
     # The two delivered recipients were marked done; the held file keeps the other four.
@@ -102,10 +70,10 @@ async def test_hold_of_an_active_message_waits_for_the_delivery_in_flight(
 async def test_delete_and_requeue(tmp_path: Path) -> None:
     """delete removes a deferred message and its logs; requeue sends a held one through incoming."""
     agent = FakeAgent(rule=lambda _a: (Outcome.DEFERRED, "4.2.0", "450 later"))
-    engine, spool, clock = _engine(tmp_path, agent)
-    first = _submit(spool, clock, "s@src.test", ["r@a.test"])
-    second = _submit(spool, clock, "s@src.test", ["q@a.test"])
-    task = await _run_until_idle(engine)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    first = submit(spool, clock, "s@src.test", ["r@a.test"])
+    second = submit(spool, clock, "s@src.test", ["q@a.test"])
+    task = await run_until_idle(engine)
     assert sorted(spool.list_ids("deferred")) == sorted([first, second])
     assert await engine.operate("delete", [first, "0000000000000ZZ"]) == {
         first: "ok",
@@ -115,7 +83,7 @@ async def test_delete_and_requeue(tmp_path: Path) -> None:
     agent.rule = lambda _a: (Outcome.SENT, "2.0.0", "250 ok")
     assert await engine.operate("requeue", [second]) == {second: "ok"}
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
     assert [a for q, a in agent.delivered] == ["q@a.test"]
     assert spool.list_ids("deferred") == []
 
@@ -130,9 +98,9 @@ async def test_flush_message_and_status(tmp_path: Path) -> None:
             else (Outcome.SENT, "2.0.0", "250 ok")
         )
     )
-    engine, spool, clock = _engine(tmp_path, agent)
-    qid = _submit(spool, clock, "s@src.test", ["r@a.test"])
-    task = await _run_until_idle(engine)
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    qid = submit(spool, clock, "s@src.test", ["r@a.test"])
+    task = await run_until_idle(engine)
     status = engine.status()
     assert status["messages_in_core"] == 0
     assert status["stats"]["recipients_deferred"] == 1
@@ -140,37 +108,39 @@ async def test_flush_message_and_status(tmp_path: Path) -> None:
     assert await engine.flush_message(qid) is True
     assert await engine.flush_message("0000000000000ZZ") is False
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
     assert agent.delivered == [(qid, "r@a.test")]
 
 
 async def test_reload_changes_the_window_cap_of_a_live_destination(tmp_path: Path) -> None:
     """A reload with a lower concurrency limit clamps a live queue; a broken main.cf is refused."""
-    agent = StallingAgent()
-    engine, spool, clock = _engine(tmp_path, FakeAgent(), "smtp_destination_recipient_limit = 2")
+    agent = stalled_agent()
+    engine, spool, clock = create_test_engine(
+        tmp_path, FakeAgent(), "smtp_destination_recipient_limit = 2"
+    )
     engine.agents = {"smtp": agent}
-    _submit(spool, clock, "s@src.test", [f"u{i}@a.test" for i in range(12)])
+    submit(spool, clock, "s@src.test", [f"u{i}@a.test" for i in range(12)])
     task = asyncio.create_task(engine.run())
-    await _until(lambda: len(agent.started) == 5)  # 6 entries, initial concurrency 5
-    conf = tmp_path / "conf" / "main.cf"
+    await agent.wait_started(5)  # 6 entries, initial concurrency 5
+    conf = tmp_path / "etc" / "main.cf"
     conf.write_text(conf.read_text() + "smtp_destination_concurrency_limit = 2\n")
-    assert reload_engine(engine, tmp_path / "conf") is not None
+    assert reload_engine(engine, tmp_path / "etc") is not None
     transport = engine.scheduler.find_transport("smtp")
     assert transport is not None
     assert transport.params.destination_concurrency_limit == 2
     assert transport.queues["a.test"].window.window == 2
     conf.write_text(conf.read_text() + "soft_bounce = maybe\n")
-    assert reload_engine(engine, tmp_path / "conf") is None
+    assert reload_engine(engine, tmp_path / "etc") is None
     assert transport.params.destination_concurrency_limit == 2
-    agent.release.set()
+    agent.release()
     await asyncio.wait_for(engine.wait_idle(), 20)
-    await _stop(engine, task)
+    await stop_engine(engine, task)
 
 
 @pytest.mark.parametrize("op", ["hold", "delete", "requeue"])
 async def test_operations_on_unknown_ids_report_not_found(tmp_path: Path, op: str) -> None:
     """An id that is nowhere in the spool is reported, not an error."""
-    engine, _spool, _clock = _engine(tmp_path, FakeAgent())
-    task = await _run_until_idle(engine)
+    engine, _spool, _clock = create_test_engine(tmp_path, FakeAgent())
+    task = await run_until_idle(engine)
     assert await engine.operate(op, ["0000000000000ZZ"]) == {"0000000000000ZZ": "not found"}
-    await _stop(engine, task)
+    await stop_engine(engine, task)

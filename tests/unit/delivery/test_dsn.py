@@ -5,7 +5,7 @@ from __future__ import annotations
 import email
 import email.policy
 from datetime import UTC, datetime
-from email.message import Message
+from email.message import EmailMessage, Message
 
 import pytest
 
@@ -19,7 +19,24 @@ ORIGINAL = (
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 
 
-def _bounce(**kwargs: object) -> Message:
+def _parse(raw: bytes) -> EmailMessage:
+    msg = email.message_from_bytes(raw, policy=email.policy.SMTP)
+    assert isinstance(msg, EmailMessage)
+    return msg
+
+
+def _parts(msg: Message) -> list[EmailMessage]:
+    """The sub-parts of a multipart (or message/*) part."""
+    payload = msg.get_payload()
+    assert isinstance(payload, list), payload
+    parts: list[EmailMessage] = []
+    for part in payload:
+        assert isinstance(part, EmailMessage), part
+        parts.append(part)
+    return parts
+
+
+def _bounce(original_message: bytes | None = None) -> EmailMessage:
     raw = compose_dsn(
         reporting_mta="mx.example.org",
         queue_id="3F9A2B",
@@ -38,28 +55,17 @@ def _bounce(**kwargs: object) -> Message:
         ],
         original_headers=ORIGINAL,
         now=NOW,
-        **kwargs,  # type: ignore[arg-type]
+        original_message=original_message,
     )
     assert isinstance(raw, bytes)
     assert b"\r\n" in raw and b"\n" not in raw.replace(b"\r\n", b"")
-    return email.message_from_bytes(raw, policy=email.policy.SMTP)
+    return _parse(raw)
 
 
-def _part(msg: Message, index: int) -> Message:
-    """Body part ``index`` of a multipart message (asserting it is one)."""
-    parts = msg.get_payload()
-    assert isinstance(parts, list)
-    part = parts[index]
-    assert isinstance(part, Message)
-    return part
-
-
-def _status_groups(msg: Message) -> list[Message]:
-    status = _part(msg, 1)
+def _status_groups(msg: Message) -> list[EmailMessage]:
+    status = _parts(msg)[1]
     assert status.get_content_type() == "message/delivery-status"
-    groups = status.get_payload()
-    assert isinstance(groups, list)
-    return [g for g in groups if isinstance(g, Message)]
+    return _parts(status)
 
 
 def test_bounce_is_multipart_report_delivery_status() -> None:
@@ -70,8 +76,8 @@ def test_bounce_is_multipart_report_delivery_status() -> None:
     assert msg["To"] == "a@example.org"
     assert msg["From"].startswith("MAILER-DAEMON@mx.example.org")
     assert msg["Auto-Submitted"] == "auto-replied"
-    parts = msg.get_payload()
-    assert [p.get_content_type() for p in parts] == [  # type: ignore[union-attr]
+    parts = _parts(msg)
+    assert [p.get_content_type() for p in parts] == [
         "text/plain",
         "message/delivery-status",
         "text/rfc822-headers",
@@ -97,7 +103,7 @@ def test_per_recipient_fields() -> None:
 
 def test_headers_attached_without_body() -> None:
     """Without the full message the original headers (only) are attached, 8-bit intact."""
-    raw = _part(_bounce(), 2).get_payload(decode=True)
+    raw = _parts(_bounce())[2].get_payload(decode=True)
     assert isinstance(raw, bytes)
     assert b"Subject: caf\xc3\xa9" in raw
     assert b"Body line" not in raw
@@ -106,9 +112,10 @@ def test_headers_attached_without_body() -> None:
 def test_full_message_attached_as_rfc822() -> None:
     """With the full content the original is attached as message/rfc822."""
     msg = _bounce(original_message=ORIGINAL)
-    part = _part(msg, 2)
+    part = _parts(msg)[2]
     assert part.get_content_type() == "message/rfc822"
-    assert _part(part, 0)["Message-ID"] == "<orig@example.org>"
+    inner = _parts(part)[0]
+    assert inner["Message-ID"] == "<orig@example.org>"
 
 
 def test_delay_notice() -> None:
@@ -133,11 +140,10 @@ def test_delay_notice() -> None:
         delay_seconds=4 * 3600,
         lifetime_seconds=5 * 86400,
     )
-    msg = email.message_from_bytes(raw, policy=email.policy.SMTP)
+    msg = _parse(raw)
     assert msg["Subject"].startswith("Delayed Mail")
-    text = _part(msg, 0).get_payload(decode=True)
-    assert isinstance(text, bytes)
-    assert b"WARNING ONLY" in text and b"4.0 hours" in text
+    text = _parts(msg)[0].get_content()
+    assert "WARNING ONLY" in text and "4.0 hours" in text
     block = _status_groups(msg)[1]
     assert block["Action"] == "delayed"
     assert block["Will-Retry-Until"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-from pathlib import Path
 
 import pytest
 
@@ -15,13 +14,6 @@ from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool
 NOW = 1_700_000_000.0
 A = "AAAAAAAAAAAAAAA"
 B = "BBBBBBBBBBBBBBB"
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
 
 
 def _commit(spool: Spool, queue: str = "incoming") -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 
@@ -19,13 +18,6 @@ from qmgrd.spool import Envelope, RecipientSpec, Spool, mark_done
 
 NOW = 1_700_000_000.0
 MIN = 60.0
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
 
 
 def _commit(spool: Spool, sender: str, rcpts: list[str], age: float) -> str:

@@ -52,13 +52,6 @@ def _envelope(n_rcpt: int = 3) -> Envelope:
 
 
 @pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
-
-
-@pytest.fixture
 def good(spool: Spool) -> bytes:
     """The bytes of one valid queue file."""
     qid = spool.commit(_envelope(), b"Subject: x\r\n\r\nbody\r\n.\r\n")

@@ -14,10 +14,10 @@ from structlog.testing import capture_logs
 
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_engine
-from qmgrd.daemon.clock import FakeClock
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult, Outcome, RecipientResult
 from qmgrd.errors import SpoolError
 from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool
+from tests.support.clock import FakeClock
 
 REAL_WRITE = os.write
 

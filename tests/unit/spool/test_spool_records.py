@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,9 +21,9 @@ from qmgrd.spool import (
     rewrite_warn_time,
 )
 
-_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-_notify = st.one_of(
-    st.just(frozenset()),
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
+_notify: st.SearchStrategy[frozenset[str]] = st.one_of(
+    st.just(frozenset[str]()),
     st.just(frozenset({"NEVER"})),
     st.frozensets(st.sampled_from(["SUCCESS", "FAILURE", "DELAY"]), min_size=1),
 )
@@ -51,13 +51,6 @@ _envelope = st.builds(
 _settings = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool", fsync=False)
-    s.ensure_dirs()
-    return s
 
 
 def _specs(qf: QueueFile) -> list[RecipientSpec]:
@@ -151,11 +144,13 @@ def test_warn_time_rewritten_in_place(spool: Spool) -> None:
         (lambda b: b"", "truncated"),
     ],
 )
-def test_damaged_files_raise_spool_error(spool: Spool, damage: object, reason: str) -> None:
+def test_damaged_files_raise_spool_error(
+    spool: Spool, damage: Callable[[bytes], bytes], reason: str
+) -> None:
     """Truncated, extended or overwritten files raise SpoolError naming what is wrong."""
     env = Envelope("s@x", (RecipientSpec("a@x"),), 1.0)
     path = spool.path("incoming", spool.commit(env, b"content\r\n"))
-    path.write_bytes(damage(path.read_bytes()))  # type: ignore[operator]
+    path.write_bytes(damage(path.read_bytes()))
     with pytest.raises(SpoolError, match=reason):
         QueueFile.open(path)
 

@@ -13,7 +13,6 @@ import pytest
 
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_engine
-from qmgrd.daemon.clock import FakeClock
 from qmgrd.daemon.engine import Engine
 from qmgrd.errors import SpoolError
 from qmgrd.spool import (
@@ -25,6 +24,7 @@ from qmgrd.spool import (
     mark_done,
     records,
 )
+from tests.support.clock import FakeClock
 from tests.unit.spool.test_spool_reasons_torn import BouncingAgent, _conf
 
 ENV = Envelope("s@example.com", (RecipientSpec("r@example.com"),), 1_700_000_000.0)

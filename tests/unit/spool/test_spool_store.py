@@ -28,6 +28,7 @@ ENV = Envelope("s@example.com", (RecipientSpec("r@example.com"),), 1_700_000_000
 
 @pytest.fixture
 def spool(tmp_path: Path) -> Spool:
+    """Unlike the shared fixture, with fsync: the store's durable path is under test here."""
     s = Spool(tmp_path / "spool")
     s.ensure_dirs()
     return s
