@@ -36,7 +36,14 @@ import socket
 from qmgrd.config.config import Config, TransportConfig
 from qmgrd.errors import ConfigError
 
-NOT_RELOADABLE = ("queue_directory", "smtpd_listen", "metrics_listen", "maillog_file", "log_format")
+NOT_RELOADABLE = (
+    "queue_directory",
+    "smtpd_listen",
+    "metrics_listen",
+    "maillog_file",
+    "log_format",
+    "syslog_name",
+)
 """Read once at start (spool, bound sockets, log output): a change needs a restart."""
 
 _LABEL_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
