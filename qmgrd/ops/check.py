@@ -109,15 +109,17 @@ def _check_transports(cfg: Config, found: Findings) -> None:
     params = transport_params_fn(cfg, found.warnings.append)
     services = delivery_services(cfg)
     described: list[str] = []
+    ca_checked: set[tuple[str, str]] = set()
     for name, command in services.items():
         found.attempt("", lambda name=name: params(name))  # type: ignore[misc]
         view = cfg.transport(name)
         cafile = view.get_str("smtp_tls_CAfile") if command == "smtp" else ""
-        if cafile:
-            found.attempt(
-                setting_where(view, "smtp_tls_CAfile"),
-                lambda cafile=cafile: ssl.create_default_context(cafile=cafile),  # type: ignore[misc]
-            )
+        where = setting_where(
+            view if "smtp_tls_CAfile" in view.entry.overrides else cfg, "smtp_tls_CAfile"
+        )
+        if cafile and (where, cafile) not in ca_checked:
+            ca_checked.add((where, cafile))
+            found.attempt(where, lambda cafile=cafile: _load_ca(cafile))  # type: ignore[misc]
         entry = cfg.master[name]
         limit = "no process limit" if entry.maxproc == 0 else f"maxproc {entry.maxproc}"
         tls = view.get_str("smtp_tls_security_level") if command == "smtp" else ""
@@ -129,6 +131,15 @@ def _check_transports(cfg: Config, found: Findings) -> None:
         f"routing: default_transport = {cfg.get_str('default_transport')}; relayhost = "
         + (relayhost or "(empty: MX lookup of each recipient domain)")
     )
+
+
+def _load_ca(cafile: str) -> None:
+    """Load a CA file as the SMTP client will at its first TLS connection."""
+    try:
+        ssl.create_default_context(cafile=cafile)
+    except (OSError, ssl.SSLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"cannot load CA certificates from {cafile}: {reason}") from None
 
 
 def _check_tables(cfg: Config, found: Findings) -> None:
