@@ -35,6 +35,7 @@ import socket
 
 from qmgrd.config.config import Config, TransportConfig
 from qmgrd.errors import ConfigError
+from qmgrd.log import syslog_name_problem
 
 NOT_RELOADABLE = (
     "queue_directory",
@@ -165,6 +166,9 @@ def _check_view(view: Config | TransportConfig) -> None:
         problem = nexthop_problem(nexthop)
         if problem:
             raise _fail(view, "default_transport", problem)
+    problem = syslog_name_problem(view.get_str("syslog_name"))
+    if problem:
+        raise _fail(view, "syslog_name", problem)
     for name in ("smtpd_listen", "metrics_listen"):
         for host, _port in view.get_hostports(name):
             problem = None if not host or _is_address(host) else hostname_problem(host)

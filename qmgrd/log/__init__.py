@@ -70,24 +70,34 @@ __all__ = [
     "render_json",
     "render_postfix",
     "reopen_logs",
+    "syslog_name_problem",
     "syslog_prefix",
 ]
 
 LogFormat = Literal["postfix", "json"]
 
-def check_syslog_name(name: str) -> str:
-    """``name`` if it can be a syslog program name, else ConfigError saying why.
+def syslog_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a syslog program name, or None if it can.
 
     Log tools split ``name/component[pid]:`` at ``/``, ``[`` and ``:`` and the
     syslog line at white space, so none of those may occur in it.
     """
+    if not name:
+        return "empty program name"
     bad = next((ch for ch in name if ch.isspace() or ch in "/[]:" or not ch.isprintable()), None)
-    if not name or bad is not None:
-        what = "is empty" if not name else f"contains {bad!r}"
-        raise ConfigError(
-            f"syslog_name: {name!r} {what}; use a plain program name such as qmgrd or "
-            "postfix-out (lines are tagged syslog_name/component)"
+    if bad is not None:
+        return (
+            f"contains {bad!r}; use a plain program name such as qmgrd or postfix-out "
+            "(lines are tagged syslog_name/component)"
         )
+    return None
+
+
+def check_syslog_name(name: str) -> str:
+    """``name`` if it can be a syslog program name, else ConfigError saying why."""
+    problem = syslog_name_problem(name)
+    if problem:
+        raise ConfigError(f"syslog_name: {name!r}: {problem}")
     return name
 
 

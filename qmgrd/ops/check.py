@@ -10,7 +10,7 @@ start and every part it would otherwise only open later:
 - each transport's ``smtp_tls_CAfile`` (the SMTP client loads it only at its
   first TLS connection, so without this a bad file shows up as deferred mail);
 - the listener's settings, including ``smtpd_sasl_password_file``;
-- ``syslog_name``, ``maillog_file`` (its directory must exist and be
+- ``maillog_file`` (its directory must exist and be
   writable; nothing is created), ``metrics_listen``;
 - the spool: ``queue_directory`` is a directory (or, missing, can be
   created, as ``qmgrd run`` does), belongs to the user running the check (as
@@ -48,7 +48,6 @@ from qmgrd.daemon.settings import (
 )
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerSettings
-from qmgrd.log import check_syslog_name
 
 __all__ = ["check_command", "run_checks"]
 
@@ -149,8 +148,7 @@ def _check_tables(cfg: Config, found: Findings) -> None:
 
 
 def _check_logs(cfg: Config, found: Findings) -> None:
-    name = cfg.get_str("syslog_name")
-    found.attempt(_location(cfg, "syslog_name"), lambda: check_syslog_name(name))
+    name = cfg.get_str("syslog_name")  # checked when the configuration loads
     maillog = cfg.get_optional_path("maillog_file")
     if maillog is None:
         where_to = "the journal under systemd (else /dev/log or standard output)"
