@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import TextIO
 
 from qmgrd.config import Config, load_config
-from qmgrd.config.maps import setting_where
+from qmgrd.config.config import TransportConfig
+from qmgrd.config.maps import open_maps, setting_where
+from qmgrd.config.params import PARAMS
 from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.settings import (
     delivery_services,
@@ -142,9 +144,23 @@ def _load_ca(cafile: str) -> None:
 
 
 def _check_tables(cfg: Config, found: Findings) -> None:
-    found.attempt("", lambda: resolver_settings(cfg))
-    specs = cfg.get_list("transport_maps")
-    found.facts.append(f"tables: transport_maps = {', '.join(specs)}" if specs else "tables: none")
+    """Open every table of every ``*_maps`` parameter, in main.cf and in master.cf -o."""
+    found.attempt("", lambda: resolver_settings(cfg))  # the routing the engine builds
+    shown: list[str] = []
+    for name in sorted(n for n in PARAMS if n.endswith("_maps")):
+        views: list[Config | TransportConfig] = [cfg]
+        views += [
+            cfg.transport(service)
+            for service, entry in cfg.master.items()
+            if name in entry.overrides
+        ]
+        for view in views:
+            found.attempt("", lambda view=view, name=name: open_maps(view, name))  # type: ignore[misc]
+            specs = view.get_list(name)
+            if specs:
+                scope = f" (-o in {view.entry.name})" if isinstance(view, TransportConfig) else ""
+                shown.append(f"{name} = {', '.join(specs)}{scope}")
+    found.facts.append(f"tables: {'; '.join(shown)}" if shown else "tables: none")
 
 
 def _check_logs(cfg: Config, found: Findings) -> None:
