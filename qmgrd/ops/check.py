@@ -68,7 +68,9 @@ class Findings:
             return step()
         except (ConfigError, OSError, ValueError, ssl.SSLError) as exc:
             text = str(exc) if isinstance(exc, ConfigError) else _os_text(exc)
-            self.errors.append(f"{where}: {text}" if where else text)
+            line = f"{where}: {text}" if where else text
+            if line not in self.errors:  # one table may be opened by two of the steps
+                self.errors.append(line)
             return None
 
 
