@@ -42,7 +42,8 @@ Postfix writes them, whatever order the caller passed the fields in:
 
 ``commands`` of ``disconnect`` maps a lower-case command name to the number
 of times it succeeded and was given, ``{"ehlo": (1, 1), "rcpt": (0, 1)}``
-(a plain int means all succeeded). Commands are listed in Postfix's order
+(a plain int means all succeeded; :class:`qmgrd.log.session.CommandCounts`
+keeps them). Commands are listed in Postfix's order
 (helo ehlo xclient xforward starttls auth mail rcpt data bdat rset noop vrfy
 etrn quit, then any other name, then ``unknown`` for unrecognised commands),
 ``name=N`` when all N succeeded, ``name=ok/total`` otherwise, and a final

@@ -248,3 +248,26 @@ def test_fail2ban_regex_with_the_installed_stock_filter(tmp_path: Path) -> None:
         check=True,
     )
     assert re.search(r"^Lines: 4 lines, 0 ignored, 3 matched, 1 missed", result.stdout, re.M)
+
+
+def test_command_counts_feed_the_disconnect_line() -> None:
+    """Counts recorded per command render as Postfix's disconnect, unknown commands last."""
+    from qmgrd.log.session import CommandCounts
+
+    counts = CommandCounts()
+    for command, ok in [
+        ("EHLO", True),
+        ("AUTH", False),
+        ("XYZZY", False),
+        ("MAIL", True),
+        ("RCPT", True),
+        ("RCPT", False),
+        ("DATA", True),
+        ("QUIT", True),
+    ]:
+        counts.record(command, ok)
+    line = _line("info", "disconnect", client="unknown[127.0.0.1]", commands=counts.as_field())
+    assert line == (
+        "disconnect from unknown[127.0.0.1] ehlo=1 auth=0/1 mail=1 rcpt=1/2 data=1 quit=1 "
+        "unknown=0/1 commands=5/8"
+    )
