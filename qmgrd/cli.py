@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     sub.add_parser("run", help="run the daemon in the foreground (what systemd starts)")
+    sub.add_parser(
+        "check",
+        help="load the configuration, tables, certificates and spool; say what would run",
+        description="Load everything 'qmgrd run' would (strict configuration, lookup tables, "
+        "TLS CA files, the SASL password file, log and metrics settings) and look at the "
+        "spool's existence, mode and owner. Prints what would run; exits 1 naming file, line "
+        "and parameter of each problem. Binds nothing and changes nothing.",
+    )
 
     p = sub.add_parser(
         "postconf",
@@ -239,6 +247,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from qmgrd.daemon.run import run_command
 
         return run_command(config_dir)
+    if args.command == "check":
+        from qmgrd.ops.check import check_command
+
+        return check_command(config_dir, out=sys.stdout, err=sys.stderr)
     if args.command == "mailq":
         from qmgrd.spool.mailq import mailq_command
 

@@ -10,6 +10,7 @@ the core's `TransportTable` takes, so the core never reads a file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from qmgrd.config.config import Config, TransportConfig
@@ -25,6 +26,22 @@ def setting_where(view: Config | TransportConfig, name: str) -> str:
     if settings is not None and name in settings:
         return f"{settings[name].where}: parameter {name}"
     return f"parameter {name}"
+
+
+def locate_error(cfg: Config, view: TransportConfig, message: str) -> str:
+    """``message`` from a settings check, which starts with the parameter it is about
+    (``smtp_tls_CAfile: ...``), with where that parameter is set put in front: the
+    master.cf line of the service's ``-o`` override, else the main.cf line."""
+    match = re.match(r"([a-z][A-Za-z0-9_]*)[:/ ]", message)
+    if match is None:
+        return message
+    name = match.group(1)
+    where = setting_where(view if name in view.entry.overrides else cfg, name)
+    if where == f"parameter {name}":
+        return message
+    if message[match.end() - 1] == ":":
+        return f"{where}: {message[match.end() :].lstrip()}"
+    return f"{where}: {message}"
 
 
 def open_maps(view: Config | TransportConfig, name: str) -> tuple[LookupTable, ...]:

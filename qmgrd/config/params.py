@@ -611,7 +611,18 @@ _TABLE: tuple[Param, ...] = (
         "/var/spool/qmgrd",
         "spool directory (relative to the config directory)",
     ),
-    Param("maillog_file", _S, "", "log file (empty = standard output, for journald)"),
+    Param(
+        "maillog_file",
+        _S,
+        "",
+        "log file (empty = the journal under systemd, else /dev/log or standard output)",
+    ),
+    Param(
+        "syslog_name",
+        _S,
+        "qmgrd",
+        "program name of log lines, as syslog_name/component (qmgrd/smtpd, qmgrd/smtp, ...)",
+    ),
     Param(
         "log_format",
         _S,

@@ -35,8 +35,16 @@ import socket
 
 from qmgrd.config.config import Config, TransportConfig
 from qmgrd.errors import ConfigError
+from qmgrd.log import syslog_name_problem
 
-NOT_RELOADABLE = ("queue_directory", "smtpd_listen", "metrics_listen", "maillog_file", "log_format")
+NOT_RELOADABLE = (
+    "queue_directory",
+    "smtpd_listen",
+    "metrics_listen",
+    "maillog_file",
+    "log_format",
+    "syslog_name",
+)
 """Read once at start (spool, bound sockets, log output): a change needs a restart."""
 
 _LABEL_RE = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
@@ -158,6 +166,9 @@ def _check_view(view: Config | TransportConfig) -> None:
         problem = nexthop_problem(nexthop)
         if problem:
             raise _fail(view, "default_transport", problem)
+    problem = syslog_name_problem(view.get_str("syslog_name"))
+    if problem:
+        raise _fail(view, "syslog_name", problem)
     for name in ("smtpd_listen", "metrics_listen"):
         for host, _port in view.get_hostports(name):
             problem = None if not host or _is_address(host) else hostname_problem(host)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qmgrd.config import Config, check_reloadable, load_config
+from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
@@ -60,7 +61,11 @@ def create_agents(cfg: Config) -> dict[str, Agent]:
     """One agent per master.cf delivery service, with that service's settings."""
     agents: dict[str, Agent] = {}
     for name, command in delivery_services(cfg).items():
-        agents[name] = create_agent(command, SmtpSettings.from_transport(cfg.transport(name)))
+        view = cfg.transport(name)
+        try:
+            agents[name] = create_agent(command, SmtpSettings.from_transport(view))
+        except ConfigError as exc:  # settings name the parameter; say where it is set
+            raise ConfigError(locate_error(cfg, view, str(exc))) from None
     return agents
 
 

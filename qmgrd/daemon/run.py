@@ -111,6 +111,7 @@ def run_command(config_dir: Path) -> int:
         log_format,
         maillog_file=cfg.get_optional_path("maillog_file"),
         hostname=cfg.get_str("myhostname").split(".")[0],
+        program=cfg.get_str("syslog_name"),
     )
     try:
         log = get_logger("master")

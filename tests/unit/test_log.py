@@ -132,10 +132,10 @@ def test_syslog_prefix_pads_the_day_and_uses_english_months() -> None:
 
 
 def test_stream_output_has_no_prefix(capsys: pytest.CaptureFixture[str]) -> None:
-    """Without maillog_file, lines go to stdout unprefixed (journald adds time and identifier)."""
-    configure_logging("postfix")
+    """Without maillog_file and outside systemd, lines go to stdout without a prefix."""
+    configure_logging("postfix", environ={}, syslog_socket="/nonexistent/log")
     get_logger("smtpd").info("connect", client="unknown[127.0.0.1]")
-    assert capsys.readouterr().out == "connect: client=unknown[127.0.0.1]\n"
+    assert capsys.readouterr().out == "connect from unknown[127.0.0.1]\n"
 
 
 def test_maillog_file_through_a_symlink(tmp_path: Path) -> None:
@@ -269,7 +269,7 @@ def test_failed_reopen_keeps_the_old_file(tmp_path: Path) -> None:
 
 def test_reopen_without_a_file_is_a_noop(capsys: pytest.CaptureFixture[str]) -> None:
     """On stdout there is nothing to reopen."""
-    configure_logging("postfix")
+    configure_logging("postfix", destination="stream")
     assert reopen_logs() is False
     get_logger("qmgr").info("fine")
     assert capsys.readouterr().out == "fine\n"
@@ -290,7 +290,7 @@ def test_unknown_format_is_a_config_error() -> None:
 
 def test_level_filter_drops_debug(capsys: pytest.CaptureFixture[str]) -> None:
     """At the default INFO level, debug events are not written."""
-    configure_logging("postfix")
+    configure_logging("postfix", destination="stream")
     get_logger("qmgr").debug("noise")
     get_logger("qmgr").error("cannot scan the deferred queue", error="EIO")
     assert capsys.readouterr().out == "error: cannot scan the deferred queue: error=EIO\n"
@@ -298,7 +298,7 @@ def test_level_filter_drops_debug(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_exception_is_rendered_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     """A logged exception's traceback is escaped into the line, not spread over many."""
-    configure_logging("postfix")
+    configure_logging("postfix", destination="stream")
     try:
         raise ValueError("boom")
     except ValueError:

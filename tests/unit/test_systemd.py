@@ -46,7 +46,8 @@ def test_service_directives_the_issue_requires() -> None:
     expected = {
         "Type": ["notify"],
         "NotifyAccess": ["main"],
-        "ExecStart": ["/usr/local/bin/qmgrd -c /etc/qmgrd run"],
+        "ExecStartPre": ["/opt/qmgrd/bin/qmgrd -c /etc/qmgrd check"],
+        "ExecStart": ["/opt/qmgrd/bin/qmgrd -c /etc/qmgrd run"],
         "ExecReload": ["/bin/kill -HUP $MAINPID"],
         "Restart": ["on-failure"],
         "User": ["qmgrd"],
@@ -88,10 +89,8 @@ def test_tmpfiles_creates_a_private_spool() -> None:
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     """systemd-analyze verify accepts the unit (ExecStart pointed at an existing binary)."""
     tool = _tool("systemd-analyze")
-    # verify checks that ExecStart exists; qmgrd is not installed in /usr/local/bin here.
-    text = UNIT.read_text().replace(
-        "ExecStart=/usr/local/bin/qmgrd", f"ExecStart={shutil.which('true') or '/bin/true'}"
-    )
+    # verify checks that ExecStart exists; qmgrd is not installed in /opt/qmgrd here.
+    text = UNIT.read_text().replace("/opt/qmgrd/bin/qmgrd", shutil.which("true") or "/bin/true")
     unit = tmp_path / "qmgrd.service"
     unit.write_text(text)
     proc = subprocess.run(
@@ -109,7 +108,7 @@ def test_systemd_analyze_security_exposure(tmp_path: Path) -> None:
     """The hardening keeps systemd's exposure score at or below 2.0 ("OK")."""
     tool = _tool("systemd-analyze")
     unit = tmp_path / "qmgrd.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/qmgrd", "/bin/true"))
+    unit.write_text(UNIT.read_text().replace("/opt/qmgrd/bin/qmgrd", "/bin/true"))
     proc = subprocess.run(
         [tool, "security", "--offline=yes", "--threshold=20", "--no-pager", str(unit)],
         capture_output=True,
@@ -166,3 +165,17 @@ def test_tmpfiles_creates_the_spool(tmp_path: Path) -> None:
     assert spool.stat().st_mode & 0o777 == 0o700
     passwd = (tmp_path / "etc" / "passwd").read_text()
     assert f"qmgrd:x:{spool.stat().st_uid}:" in passwd
+
+
+def test_production_config_matches_the_unit() -> None:
+    """config/production puts the spool where the unit may write and listens where it may bind."""
+    from qmgrd.config import load_config
+
+    production = SYSTEMD.parent / "config" / "production"
+    cfg = load_config(production, hostname="mx1.example.com")
+    service = _directives(UNIT)["Service"]
+    assert [str(cfg.get_path("queue_directory"))] == service["ReadWritePaths"]
+    assert cfg.get_hostports("smtpd_listen") == (("127.0.0.1", 25),)
+    assert service["CapabilityBoundingSet"] == ["CAP_NET_BIND_SERVICE"]  # port 25 as qmgrd
+    assert cfg.get_str("syslog_name") == "qmgrd"
+    assert not cfg.warnings  # nothing in the example is ignored

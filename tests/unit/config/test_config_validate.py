@@ -132,7 +132,12 @@ def test_reload_refuses_a_changed_queue_directory(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "setting",
-    ["smtpd_listen = 127.0.0.1:2526", "metrics_listen = 127.0.0.1:9100", "log_format = json"],
+    [
+        "smtpd_listen = 127.0.0.1:2526",
+        "metrics_listen = 127.0.0.1:9100",
+        "log_format = json",
+        "syslog_name = postfix-out",
+    ],
 )
 def test_reload_refuses_other_start_only_parameters(tmp_path: Path, setting: str) -> None:
     """Listen addresses and logging are bound at start: changing them is refused too."""
@@ -140,6 +145,15 @@ def test_reload_refuses_other_start_only_parameters(tmp_path: Path, setting: str
     new = load(tmp_path, f"{setting}\n")
     with pytest.raises(ConfigError, match="cannot change on reload"):
         check_reloadable(old, new)
+
+
+def test_bad_syslog_name_is_refused_at_load(tmp_path: Path) -> None:
+    """A syslog_name log tools could not split out of a line: file, line, parameter."""
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, "myhostname = h.example\nsyslog_name = mail out\n")
+    assert str(info.value).startswith(
+        f"{tmp_path / 'main.cf'}, line 2: parameter syslog_name: bad value 'mail out': contains"
+    )
 
 
 def test_reload_accepts_reloadable_changes(tmp_path: Path) -> None:

@@ -1,0 +1,339 @@
+"""Logging: structlog events rendered as Postfix-shaped lines or JSON, to the journal,
+syslog, a file or standard output.
+
+Every component logs structured events with fixed field names (STYLE §12)
+through :func:`get_logger`; tests capture the events with
+``structlog.testing.capture_logs`` instead of parsing text.
+:mod:`qmgrd.log.render` turns an event into the text Postfix log tools
+expect (its module doc lists the shapes and the fields each needs)::
+
+    3F9A2B: to=<a@example.com>, relay=mx[127.0.0.1]:25, ..., status=sent (250 ok)
+
+Destinations
+------------
+:func:`configure_logging` is the process's one global logging setup (the
+CLI calls it once). It returns a :class:`LogOutput`. Each line carries the
+program identifier ``<syslog_name>/<component>`` (``qmgrd/smtpd``,
+``qmgrd/qmgr``, ``qmgrd/smtp``, ...; ``syslog_name`` defaults to ``qmgrd``)
+wherever the destination has room for it:
+
+- ``maillog_file``: lines are appended to that file, line-buffered, each with
+  the syslog prefix ``Mon DD HH:MM:SS host qmgrd/<component>[pid]: `` (local
+  time, as syslog and Postfix's ``postlogd`` write it). ``/dev/stdout`` is a
+  valid file name (Postfix's container convention). JSON lines are never
+  prefixed: each line stays one JSON object.
+- no ``maillog_file``: :func:`qmgrd.log.sinks.choose_destination` picks the
+  systemd journal (native protocol, ``SYSLOG_IDENTIFIER=qmgrd/<component>``)
+  when standard output is the journal, the syslog socket ``/dev/log`` when
+  standard output is closed or ``/dev/null``, else standard output (plain
+  lines: a terminal, a container, a test). A journal or syslog send that
+  fails writes the line to standard output instead.
+
+``LogOutput.reopen()`` (or :func:`reopen_logs`, which finds the configured
+output through structlog's configuration) closes and reopens the file for
+log rotation; the daemon calls it on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+import structlog
+
+from qmgrd.errors import ConfigError
+from qmgrd.log.render import escape, postfix_message, render_json, render_postfix, syslog_prefix
+from qmgrd.log.sinks import (
+    JOURNAL_SOCKET,
+    SYSLOG_SOCKET,
+    Destination,
+    JournalSink,
+    SyslogSink,
+    choose_destination,
+    priority_of,
+)
+
+__all__ = [
+    "LogFormat",
+    "LogOutput",
+    "check_syslog_name",
+    "configure_logging",
+    "escape",
+    "get_logger",
+    "render_json",
+    "render_postfix",
+    "reopen_logs",
+    "syslog_name_problem",
+    "syslog_prefix",
+]
+
+LogFormat = Literal["postfix", "json"]
+
+def syslog_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a syslog program name, or None if it can.
+
+    Log tools split ``name/component[pid]:`` at ``/``, ``[`` and ``:`` and the
+    syslog line at white space, so none of those may occur in it.
+    """
+    if not name:
+        return "empty program name"
+    bad = next((ch for ch in name if ch.isspace() or ch in "/[]:" or not ch.isprintable()), None)
+    if bad is not None:
+        return (
+            f"contains {bad!r}; use a plain program name such as qmgrd or postfix-out "
+            "(lines are tagged syslog_name/component)"
+        )
+    return None
+
+
+def check_syslog_name(name: str) -> str:
+    """``name`` if it can be a syslog program name, else ConfigError saying why."""
+    problem = syslog_name_problem(name)
+    if problem:
+        raise ConfigError(f"syslog_name: {name!r}: {problem}")
+    return name
+
+
+class LogOutput:
+    """Where rendered lines go: the journal, syslog, a stream, or a file that can be reopened.
+
+    It is also the structlog logger factory and logger (``msg`` and the level
+    methods write one line), so :func:`reopen_logs` can find it through
+    ``structlog.get_config()`` without module-level state.
+    """
+
+    def __init__(
+        self,
+        log_format: LogFormat = "postfix",
+        stream: TextIO | None = None,
+        *,
+        maillog_file: str | os.PathLike[str] | None = None,
+        hostname: str | None = None,
+        program: str = "qmgrd",
+        clock: Callable[[], float] = time.time,
+        destination: Destination | None = None,
+        environ: Mapping[str, str] | None = None,
+        journal_socket: str = JOURNAL_SOCKET,
+        syslog_socket: str = SYSLOG_SOCKET,
+    ) -> None:
+        """Opens ``maillog_file`` now (ConfigError if it cannot be opened).
+
+        Without a file, ``destination`` None means: ``stream`` when one is
+        given, else the module doc's choice for standard output (``environ``
+        defaults to ``os.environ``).
+        """
+        if log_format not in ("postfix", "json"):
+            raise ConfigError(f"log_format: unknown format {log_format!r}")
+        check_syslog_name(program)
+        self.log_format: LogFormat = log_format
+        self.path = Path(maillog_file) if maillog_file else None
+        self.hostname = hostname or socket.gethostname().split(".", 1)[0] or "localhost"
+        self.program = program
+        self.clock = clock
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._file: TextIO | None = None
+        self._sink: JournalSink | SyslogSink | None = None
+        if self.path is not None:
+            destination = "stream"
+            try:
+                self._file = self._open(self.path)
+            except OSError as exc:
+                raise ConfigError(
+                    f"maillog_file: cannot open {self.path}: {exc.strerror or exc}"
+                ) from None
+        elif destination is None:
+            destination = (
+                "stream"
+                if stream is not None
+                else choose_destination(
+                    1,
+                    os.environ if environ is None else environ,
+                    journal_socket=journal_socket,
+                    syslog_socket=syslog_socket,
+                )
+            )
+        if destination == "journal":
+            self._sink = JournalSink(journal_socket)
+        elif destination == "syslog":
+            self._sink = SyslogSink(syslog_socket)
+        self.destination: Destination = destination
+
+    def identifier(self, component: object) -> str:
+        """``syslog_name/component`` (``qmgrd/smtpd``), or ``syslog_name`` without one."""
+        return f"{self.program}/{escape(component)}" if component else self.program
+
+    @staticmethod
+    def _open(path: Path) -> TextIO:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        return open(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=True)
+
+    # -- structlog processor and logger -------------------------------------------------
+
+    def render(
+        self, _logger: Any, method: str, event_dict: MutableMapping[str, Any]
+    ) -> str | tuple[tuple[str], dict[str, Any]]:
+        """The final structlog processor: the line (prefixed in a file), or the message and
+        the journal/syslog fields when a socket is the destination."""
+        now = self.clock()
+        text = (
+            render_json(event_dict, now)
+            if self.log_format == "json"
+            else postfix_message(event_dict)
+        )
+        component = event_dict.get("component")
+        if self._sink is not None:
+            queue_id = event_dict.get("queue_id")
+            meta = {
+                "identifier": self.identifier(component),
+                "priority": priority_of(str(event_dict.get("level", method))),
+                "queue_id": escape(queue_id) if queue_id is not None else None,
+            }
+            return (text,), meta
+        if self.path is None or self.log_format == "json":
+            return text
+        prefix = syslog_prefix(
+            now,
+            self.hostname,
+            self.program,
+            escape(component) if component else None,
+            os.getpid(),
+        )
+        return prefix + text
+
+    def __call__(self, *_args: Any) -> LogOutput:
+        """structlog's logger factory: every logger writes through this output."""
+        return self
+
+    def msg(
+        self,
+        message: str,
+        *,
+        identifier: str | None = None,
+        priority: int = 6,
+        queue_id: str | None = None,
+    ) -> None:
+        """Write one rendered line (to the journal or syslog when ``render`` gave fields)."""
+        with self._lock:
+            if self._sink is not None and identifier is not None:
+                try:
+                    self._sink.send(
+                        message,
+                        identifier=identifier,
+                        pid=os.getpid(),
+                        priority=priority,
+                        queue_id=queue_id,
+                    )
+                    return
+                except OSError:
+                    pass  # journald restarting, syslog gone: the line goes to stdout
+            out = self._file if self._file is not None else (self._stream or sys.stdout)
+            try:
+                out.write(message + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                # A full disk or a closed stream must not take mail delivery down.
+                pass
+
+    log = debug = info = warn = warning = msg
+    fatal = failure = err = error = critical = exception = msg
+
+    # -- rotation ------------------------------------------------------------------------
+
+    def reopen(self) -> bool:
+        """Reopen ``maillog_file`` after rotation; True if reopened, False if no file.
+
+        If the new file cannot be opened the old handle is kept (lines go to
+        the rotated file rather than nowhere) and a warning says why.
+        """
+        if self.path is None:
+            return False
+        try:
+            new = self._open(self.path)
+        except OSError as exc:
+            structlog.get_logger().bind(component="master").warning(
+                "cannot reopen the log file", file=str(self.path), error=exc.strerror or str(exc)
+            )
+            return False
+        with self._lock:
+            old, self._file = self._file, new
+        if old is not None:
+            old.close()
+        return True
+
+    def close(self) -> None:
+        """Close the file or socket (lines written afterwards go to the stream)."""
+        with self._lock:
+            old, self._file = self._file, None
+            sink, self._sink = self._sink, None
+        if old is not None:
+            old.close()
+        if sink is not None:
+            sink.close()
+
+
+def configure_logging(
+    log_format: LogFormat = "postfix",
+    stream: TextIO | None = None,
+    level: int = logging.INFO,
+    *,
+    maillog_file: str | os.PathLike[str] | None = None,
+    hostname: str | None = None,
+    program: str = "qmgrd",
+    clock: Callable[[], float] = time.time,
+    destination: Destination | None = None,
+    environ: Mapping[str, str] | None = None,
+    journal_socket: str = JOURNAL_SOCKET,
+    syslog_socket: str = SYSLOG_SOCKET,
+) -> LogOutput:
+    """Configure structlog for the process; called once by the CLI (the only global setup).
+
+    ``program`` is ``syslog_name``. Returns the output so the caller can
+    ``reopen()`` the file on SIGHUP and ``close()`` it at exit. Raises
+    ConfigError for an unknown format, a bad ``syslog_name`` or a file that
+    cannot be opened.
+    """
+    output = LogOutput(
+        log_format,
+        stream,
+        maillog_file=maillog_file,
+        hostname=hostname,
+        program=program,
+        clock=clock,
+        destination=destination,
+        environ=environ,
+        journal_socket=journal_socket,
+        syslog_socket=syslog_socket,
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.format_exc_info,
+            output.render,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=output,
+        cache_logger_on_first_use=False,
+    )
+    return output
+
+
+def reopen_logs() -> bool:
+    """Reopen the configured ``maillog_file`` (SIGHUP); False when logging to a stream."""
+    factory = structlog.get_config().get("logger_factory")
+    if isinstance(factory, LogOutput):
+        return factory.reopen()
+    return False
+
+
+def get_logger(component: str) -> Any:
+    """A logger bound to a component name (``smtpd``, ``qmgr``, ``smtp``, ...)."""
+    return structlog.get_logger().bind(component=component)
