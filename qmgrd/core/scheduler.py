@@ -89,6 +89,7 @@ from qmgrd.core.job import (
     job_preempt,
     job_retire,
 )
+from qmgrd.core.jobindex import index_touch
 from qmgrd.core.message import Message, ReadRequest, ResolvedRecipient
 from qmgrd.core.params import READ_BATCH_LIMIT, SchedulerParams, TransportParams
 from qmgrd.core.peer import Peer, peer_done, peer_obtain, peer_select
@@ -276,6 +277,7 @@ class Scheduler:
             self._events.append(RecipientsDeferred(message, tuple(rcpts), status, reason))
 
         for job in message.jobs.values():
+            index_touch(job)  # fewer unread recipients: fewer entries needed
             if job.has_entries and not job.is_blocker:
                 job.transport.reset_candidate_cache()
         if not message.more:
@@ -504,6 +506,7 @@ class Scheduler:
             queue.todo.unlink(entry.queue_link)
             peer.entries.unlink(entry.peer_link)
             job.selected_entries += 1
+            index_touch(job)
         entry.state = EntryState.DONE
         n = len(entry.recipients)
         job.rcpt_count -= n

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qmgrd.core.dll import DList, Link
+from qmgrd.core.jobindex import JobIndex
 
 if TYPE_CHECKING:
     from qmgrd.core.job import Job
@@ -40,6 +41,7 @@ class Transport:
     queues: dict[str, Queue] = field(default_factory=dict)
     job_list: DList[Job] = field(default_factory=DList)  # scheduler order
     job_bytime: DList[Job] = field(default_factory=DList)  # queued_time order
+    job_index: JobIndex = field(default_factory=JobIndex)  # job_list for the candidate search
     job_current: Job | None = None
     job_next_unread: Job | None = None
     candidate_cache: Job | None = None

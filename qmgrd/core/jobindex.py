@@ -1,0 +1,437 @@
+"""The indexed preemption candidate search (notes §5.3): Postfix's choice without the linear walk.
+
+Contract
+--------
+A :class:`JobIndex` mirrors one transport's ``job_list`` (scheduler order) in a three-level tree of
+Python lists: the index holds groups, a group holds chunks, a chunk holds jobs. ``job.py`` keeps it
+in step with every change of ``job_list`` (:meth:`JobIndex.insert_after`,
+:meth:`JobIndex.move_before`, :meth:`JobIndex.remove`), and the scheduler calls
+:func:`index_touch` after every change that can make a linked job a better candidate than before
+(fewer needed entries, fewer total entries, stack level back to 0). Missing a touch is a bug that
+the equivalence property test (tests/unit/core/test_candidate_index.py) is there to catch.
+
+:func:`candidate_search` returns exactly the job that :func:`candidate_linear` (a line-by-line
+copy of Postfix's ``qmgr_job_candidate`` loop) returns, for any state.
+
+Theory of operation
+-------------------
+Postfix walks the jobs after the current one, in list order, keeping the best score ``s`` (the
+first job with the highest ``delay / total`` among those with ``0 < needed <= max_slots``) and
+stopping at the first stack-level-0 job with ``delay <= s``. Between two events of that walk (a new
+best, or the stop) nothing happens, so whole runs of jobs can be skipped if we can tell that none
+of them is an event. Each chunk and group keeps conservative bounds over its jobs:
+
+- ``min_needed``, ``min_total``, ``min_qt``: lower bounds of needed entries, total entries and
+  (whole-second) queued time over the jobs with ``needed > 0``;
+- ``max_qt0``: an upper bound of the queued time of the jobs at stack level 0.
+
+With ``T = now + 1`` (so ``delay = T - qt``), a run can hold no event when
+``T - max_qt0 > s`` (no level-0 job is young enough to stop the walk) and either
+``min_needed > max_slots`` or ``(T - min_qt) / min_total <= s`` (no job fits, or none can score
+above ``s``: its score is at most that bound, and float division of integers is monotone). The
+walk visits a chunk's jobs one by one, with Postfix's own per-job logic, only when its bounds allow
+an event; a fully walked chunk gets exact bounds again. Blockers and stack parents are skipped by
+the walk itself; the bounds include them (a superset keeps them safe, and a blocker tag bump,
+which unblocks every job at once, then needs no update at all).
+
+Bounds only ever need tightening on events that make a job more attractive (needed or total
+entries shrink, the job returns to stack level 0, it joins the chunk); changes in the other
+direction (more entries read, the job joins a stack, is marked a blocker or leaves the chunk) leave
+them valid, merely loose until the next walk through the chunk recomputes them. So updates are O(1),
+list surgery is O(chunk size + fanout) done by C-level list operations, and a search costs a
+constant number of bound checks per group plus the chunks that hold real events.
+
+Times are whole seconds as in Postfix (``int(queued_time)``); counters are ints; the score is a
+float, compared exactly as in the linear walk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from qmgrd.errors import InvariantError
+
+if TYPE_CHECKING:
+    from qmgrd.core.job import Job
+
+__all__ = [
+    "Chunk",
+    "Group",
+    "JobIndex",
+    "candidate_linear",
+    "candidate_search",
+    "index_check",
+    "index_touch",
+]
+
+CHUNK_MAX = 32  # jobs per chunk before it splits in two
+GROUP_MAX = 32  # chunks per group before it splits in two
+
+_BIG = 1 << 62  # "no job": min bounds start here
+_SMALL = -_BIG  # "no level-0 job": the max bound starts here
+
+
+@dataclass(slots=True, eq=False)
+class Chunk:
+    """A run of consecutive jobs of the list, with conservative bounds over them."""
+
+    group: Group
+    jobs: list[Job] = field(default_factory=list)
+    min_needed: int = _BIG
+    min_total: int = _BIG
+    min_qt: int = _BIG
+    max_qt0: int = _SMALL
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    """A run of consecutive chunks, with bounds over all their jobs."""
+
+    index: JobIndex
+    chunks: list[Chunk] = field(default_factory=list)
+    min_needed: int = _BIG
+    min_total: int = _BIG
+    min_qt: int = _BIG
+    max_qt0: int = _SMALL
+
+
+def _tighten(node: Chunk | Group, job: Job) -> None:
+    """Make ``node``'s bounds cover ``job``'s current values."""
+    message = job.message
+    qt = int(message.queued_time)
+    total = job.read_entries + message.rcpt_unread
+    needed = total - job.selected_entries
+    if needed > 0:
+        if needed < node.min_needed:
+            node.min_needed = needed
+        if total < node.min_total:
+            node.min_total = total
+        if qt < node.min_qt:
+            node.min_qt = qt
+    if job.stack_level == 0 and qt > node.max_qt0:
+        node.max_qt0 = qt
+
+
+def _chunk_recompute(chunk: Chunk) -> None:
+    """Exact bounds of a chunk from its jobs."""
+    chunk.min_needed = chunk.min_total = chunk.min_qt = _BIG
+    chunk.max_qt0 = _SMALL
+    for job in chunk.jobs:
+        _tighten(chunk, job)
+
+
+def _group_recompute(group: Group) -> None:
+    """Bounds of a group from its chunks' bounds."""
+    mn = mt = mq = _BIG
+    mx = _SMALL
+    for c in group.chunks:
+        if c.min_needed < mn:
+            mn = c.min_needed
+        if c.min_total < mt:
+            mt = c.min_total
+        if c.min_qt < mq:
+            mq = c.min_qt
+        if c.max_qt0 > mx:
+            mx = c.max_qt0
+    group.min_needed, group.min_total, group.min_qt, group.max_qt0 = mn, mt, mq, mx
+
+
+def _merge_bounds(into: Chunk | Group, other: Chunk | Group) -> None:
+    into.min_needed = min(into.min_needed, other.min_needed)
+    into.min_total = min(into.min_total, other.min_total)
+    into.min_qt = min(into.min_qt, other.min_qt)
+    into.max_qt0 = max(into.max_qt0, other.max_qt0)
+
+
+class JobIndex:
+    """One transport's job list as groups of chunks of jobs (see the module docstring)."""
+
+    __slots__ = ("count", "groups")
+
+    def __init__(self) -> None:
+        """Start empty."""
+        self.groups: list[Group] = []
+        self.count = 0
+
+    def __len__(self) -> int:
+        """Number of jobs in the index."""
+        return self.count
+
+    def jobs(self) -> list[Job]:
+        """Every job in list order (for checks and tests; O(n))."""
+        return [job for g in self.groups for c in g.chunks for job in c.jobs]
+
+    # ------------------------------------------------------------------ list surgery
+
+    def insert_after(self, job: Job, ref: Job | None) -> None:
+        """Put ``job`` right after ``ref`` (None: at the head), as ``DList.insert_after``."""
+        if job.index_chunk is not None:
+            raise InvariantError(f"job index: {job.describe()} is already indexed")
+        if ref is None:
+            if not self.groups:
+                group = Group(self)
+                group.chunks.append(Chunk(group))
+                self.groups.append(group)
+            chunk = self.groups[0].chunks[0]
+            pos = 0
+        else:
+            chunk = _chunk_of(ref)
+            pos = chunk.jobs.index(ref) + 1
+        self._put(job, chunk, pos)
+
+    def move_before(self, job: Job, ref: Job) -> None:
+        """Move the indexed ``job`` right before ``ref`` (preemption)."""
+        self.remove(job)
+        chunk = _chunk_of(ref)
+        self._put(job, chunk, chunk.jobs.index(ref))
+
+    def remove(self, job: Job) -> None:
+        """Take ``job`` out of the index."""
+        chunk = _chunk_of(job)
+        chunk.jobs.remove(job)
+        job.index_chunk = None
+        self.count -= 1
+        group = chunk.group
+        if not chunk.jobs:
+            group.chunks.remove(chunk)
+            if not group.chunks:
+                self.groups.remove(group)
+                return
+        elif len(chunk.jobs) < CHUNK_MAX // 4:
+            self._chunk_merge(chunk)
+        if len(group.chunks) < GROUP_MAX // 4:
+            self._group_merge(group)
+
+    def _put(self, job: Job, chunk: Chunk, pos: int) -> None:
+        chunk.jobs.insert(pos, job)
+        job.index_chunk = chunk
+        self.count += 1
+        _tighten(chunk, job)
+        _tighten(chunk.group, job)
+        if len(chunk.jobs) > CHUNK_MAX:
+            self._chunk_split(chunk)
+
+    def _chunk_split(self, chunk: Chunk) -> None:
+        group = chunk.group
+        half = len(chunk.jobs) // 2
+        new = Chunk(group, chunk.jobs[half:])
+        del chunk.jobs[half:]
+        for job in new.jobs:
+            job.index_chunk = new
+        _chunk_recompute(chunk)
+        _chunk_recompute(new)
+        group.chunks.insert(group.chunks.index(chunk) + 1, new)
+        if len(group.chunks) > GROUP_MAX:
+            half = len(group.chunks) // 2
+            ng = Group(self, group.chunks[half:])
+            del group.chunks[half:]
+            for c in ng.chunks:
+                c.group = ng
+            _group_recompute(group)
+            _group_recompute(ng)
+            self.groups.insert(self.groups.index(group) + 1, ng)
+
+    def _chunk_merge(self, chunk: Chunk) -> None:
+        """Merge a small chunk into a neighbour of the same group if they fit in one."""
+        chunks = chunk.group.chunks
+        i = chunks.index(chunk)
+        if i + 1 < len(chunks) and len(chunks[i + 1].jobs) + len(chunk.jobs) <= CHUNK_MAX:
+            other = chunks[i + 1]
+            other.jobs[:0] = chunk.jobs
+        elif i > 0 and len(chunks[i - 1].jobs) + len(chunk.jobs) <= CHUNK_MAX:
+            other = chunks[i - 1]
+            other.jobs.extend(chunk.jobs)
+        else:
+            return
+        for job in chunk.jobs:
+            job.index_chunk = other
+        _merge_bounds(other, chunk)
+        del chunks[i]
+
+    def _group_merge(self, group: Group) -> None:
+        """Merge a small group into a neighbour if they fit in one."""
+        groups = self.groups
+        i = groups.index(group)
+        if i + 1 < len(groups) and len(groups[i + 1].chunks) + len(group.chunks) <= GROUP_MAX:
+            other = groups[i + 1]
+            other.chunks[:0] = group.chunks
+        elif i > 0 and len(groups[i - 1].chunks) + len(group.chunks) <= GROUP_MAX:
+            other = groups[i - 1]
+            other.chunks.extend(group.chunks)
+        else:
+            return
+        for c in group.chunks:
+            c.group = other
+        _merge_bounds(other, group)
+        del groups[i]
+
+
+def _chunk_of(job: Job) -> Chunk:
+    chunk = job.index_chunk
+    if chunk is None:
+        raise InvariantError(f"job index: {job.describe()} is not indexed")
+    return chunk
+
+
+def index_touch(job: Job) -> None:
+    """A linked job may have become a better candidate: tighten its chunk and group bounds."""
+    chunk = job.index_chunk
+    if chunk is not None:
+        _tighten(chunk, job)
+        _tighten(chunk.group, job)
+
+
+# --------------------------------------------------------------------------- the searches
+
+
+def _max_slots(current: Job) -> int:
+    # C int division truncates; the numerator's sign only matters for "> 0", same result.
+    return (
+        current.read_entries - current.selected_entries + current.slots_available
+    ) // current.transport.params.delivery_slot_cost
+
+
+def candidate_linear(current: Job, now: int, max_slots: int | None = None) -> Job | None:
+    """Postfix's ``qmgr_job_candidate`` walk (without its cache): the reference for tests.
+
+    ``max_slots`` overrides the limit Postfix derives from ``current`` (tests use it to probe
+    every limit).
+    """
+    if max_slots is None:
+        max_slots = _max_slots(current)
+    best: Job | None = None
+    best_score = 0.0
+    if max_slots > 0:
+        tag = current.transport.blocker_tag
+        link = current.transport_link.next
+        while link is not None:
+            job = link.item
+            link = link.next
+            if job.stack_children or job.blocker_tag == tag:
+                continue
+            total = job.read_entries + job.message.rcpt_unread
+            needed = total - job.selected_entries
+            delay = now - int(job.message.queued_time) + 1
+            if 0 < needed <= max_slots:
+                score = delay / total
+                if score > best_score:
+                    best, best_score = job, score
+            if delay <= best_score and job.stack_level == 0:
+                break
+    return best
+
+
+class _Walk:
+    """State of one indexed search: Postfix's loop variables plus the skip test."""
+
+    __slots__ = ("best", "max_slots", "score", "stopped", "tag", "when")
+
+    def __init__(self, when: int, max_slots: int, tag: int) -> None:
+        self.when = when  # now + 1: delay = when - qt
+        self.max_slots = max_slots
+        self.tag = tag
+        self.best: Job | None = None
+        self.score = 0.0
+        self.stopped = False
+
+    def quiet(self, node: Chunk | Group) -> bool:
+        """True when no job under ``node`` can become the best or stop the walk."""
+        score = self.score
+        if self.when - node.max_qt0 <= score:
+            return False
+        if node.min_needed > self.max_slots:
+            return True
+        num = self.when - node.min_qt
+        return num <= 0 or num / node.min_total <= score
+
+    def scan(self, jobs: list[Job], start: int) -> None:
+        """Postfix's per-job logic over ``jobs[start:]``; sets ``stopped`` at the early stop."""
+        when = self.when
+        max_slots = self.max_slots
+        tag = self.tag
+        best = self.best
+        best_score = self.score
+        for i in range(start, len(jobs)):
+            job = jobs[i]
+            if job.stack_children or job.blocker_tag == tag:
+                continue
+            message = job.message
+            total = job.read_entries + message.rcpt_unread
+            needed = total - job.selected_entries
+            delay = when - int(message.queued_time)
+            if 0 < needed <= max_slots:
+                score = delay / total
+                if score > best_score:
+                    best, best_score = job, score
+            if delay <= best_score and job.stack_level == 0:
+                self.stopped = True
+                break
+        self.best = best
+        self.score = best_score
+
+    def chunks(self, chunks: list[Chunk], start: int) -> None:
+        """Walk ``chunks[start:]``, skipping quiet chunks; exact bounds for fully walked ones."""
+        for i in range(start, len(chunks)):
+            chunk = chunks[i]
+            if self.quiet(chunk):
+                continue
+            self.scan(chunk.jobs, 0)
+            if self.stopped:
+                return
+            _chunk_recompute(chunk)
+
+
+def candidate_search(current: Job, now: int, max_slots: int | None = None) -> Job | None:
+    """The job :func:`candidate_linear` would return, found through the transport's index."""
+    if max_slots is None:
+        max_slots = _max_slots(current)
+    if max_slots <= 0:
+        return None
+    walk = _Walk(now + 1, max_slots, current.transport.blocker_tag)
+    chunk = _chunk_of(current)
+    if not walk.quiet(chunk):
+        walk.scan(chunk.jobs, chunk.jobs.index(current) + 1)
+        if walk.stopped:
+            return walk.best
+    group = chunk.group
+    if not walk.quiet(group):
+        walk.chunks(group.chunks, group.chunks.index(chunk) + 1)
+        if walk.stopped:
+            return walk.best
+    groups = group.index.groups
+    for i in range(groups.index(group) + 1, len(groups)):
+        g = groups[i]
+        if walk.quiet(g):
+            continue
+        walk.chunks(g.chunks, 0)
+        if walk.stopped:
+            return walk.best
+        _group_recompute(g)
+    return walk.best
+
+
+def index_check(index: JobIndex, job_list: list[Job]) -> None:
+    """Raise InvariantError unless ``index`` holds ``job_list`` in order with valid bounds."""
+    if index.jobs() != job_list or index.count != len(job_list):
+        raise InvariantError("job index: order differs from job_list")
+    for g in index.groups:
+        if not g.chunks or g.index is not index or len(g.chunks) > GROUP_MAX:
+            raise InvariantError("job index: empty or foreign group")
+        for c in g.chunks:
+            if not c.jobs or c.group is not g or len(c.jobs) > CHUNK_MAX:
+                raise InvariantError("job index: bad chunk")
+            for node in (c, g):
+                probe = Chunk(g)
+                _merge_bounds(probe, node)
+                for job in c.jobs:
+                    if job.index_chunk is not c:
+                        raise InvariantError("job index: stale chunk pointer")
+                    _tighten(probe, job)
+                if (
+                    probe.min_needed != node.min_needed
+                    or probe.min_total != node.min_total
+                    or probe.min_qt != node.min_qt
+                    or probe.max_qt0 != node.max_qt0
+                ):
+                    raise InvariantError(f"job index: bounds miss {job.describe()}")
