@@ -277,9 +277,31 @@ def _chunk_of(job: Job) -> Chunk:
 def index_touch(job: Job) -> None:
     """A linked job may have become a better candidate: tighten its chunk and group bounds."""
     chunk = job.index_chunk
-    if chunk is not None:
-        _tighten(chunk, job)
-        _tighten(chunk.group, job)
+    if chunk is None:
+        return
+    # _tighten(chunk, job) and _tighten(chunk.group, job), inlined: this runs on every selection.
+    group = chunk.group
+    message = job.message
+    qt = int(message.queued_time)
+    total = job.read_entries + message.rcpt_unread
+    needed = total - job.selected_entries
+    if needed > 0:
+        if needed < chunk.min_needed:
+            chunk.min_needed = needed
+            if needed < group.min_needed:
+                group.min_needed = needed
+        if total < chunk.min_total:
+            chunk.min_total = total
+            if total < group.min_total:
+                group.min_total = total
+        if qt < chunk.min_qt:
+            chunk.min_qt = qt
+            if qt < group.min_qt:
+                group.min_qt = qt
+    if job.stack_level == 0 and qt > chunk.max_qt0:
+        chunk.max_qt0 = qt
+        if qt > group.max_qt0:
+            group.max_qt0 = qt
 
 
 # --------------------------------------------------------------------------- the searches
@@ -421,6 +443,13 @@ def index_check(index: JobIndex, job_list: list[Job]) -> None:
         for c in g.chunks:
             if not c.jobs or c.group is not g or len(c.jobs) > CHUNK_MAX:
                 raise InvariantError("job index: bad chunk")
+            if (  # index_touch relies on group bounds enclosing chunk bounds
+                g.min_needed > c.min_needed
+                or g.min_total > c.min_total
+                or g.min_qt > c.min_qt
+                or g.max_qt0 < c.max_qt0
+            ):
+                raise InvariantError("job index: group bounds do not enclose a chunk's")
             for node in (c, g):
                 probe = Chunk(g)
                 _merge_bounds(probe, node)
