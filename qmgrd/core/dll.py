@@ -6,6 +6,11 @@ An object that sits on several lists owns one :class:`Link` per list (a job has 
 transport's scheduler-order list and one for its time-order list). A ``Link`` is on at most one
 list at a time; linking a linked ``Link`` or unlinking a free one is a bug (``InvariantError``).
 
+A link refers to its item and the item to its link: a cycle, which reference counting alone
+cannot free. ``Link.release()`` breaks it when the item is disposed of (the link must be off every
+list and is unusable afterwards), so the core's disposed objects are freed at once instead of
+waiting for CPython's cyclic garbage collector.
+
 ``DList.rotate(link)`` is Postfix's round-robin primitive: make the list circular and cut it right
 after ``link``, so ``link`` becomes the tail and its successor the head.
 
@@ -34,6 +39,12 @@ class Link(Generic[T]):
     prev: Link[T] | None = None
     next: Link[T] | None = None
     owner: DList[T] | None = None
+
+    def release(self) -> None:
+        """Drop the reference to the disposed item (breaks the item-link cycle)."""
+        if self.owner is not None:
+            raise InvariantError("release: link is still on a list")
+        del self.item
 
 
 class DList(Generic[T]):

@@ -228,6 +228,8 @@ def job_free(job: Job) -> None:
     if job.stack_level >= 0:
         _job_unlink(job)
     del job.message.jobs[job.transport.name]
+    job.transport_link.release()
+    job.time_link.release()
 
 
 # --------------------------------------------------------------------------- slot flow

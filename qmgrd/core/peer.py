@@ -58,6 +58,7 @@ def peer_done(peer: Peer) -> None:
     job = peer.job
     del job.peers[peer.queue.name]
     job.peer_list.unlink(peer.job_link)
+    peer.job_link.release()
 
 
 def peer_select(job: Job) -> Peer | None:

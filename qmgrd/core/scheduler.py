@@ -508,6 +508,8 @@ class Scheduler:
             job.selected_entries += 1
             index_touch(job)
         entry.state = EntryState.DONE
+        entry.queue_link.release()
+        entry.peer_link.release()
         n = len(entry.recipients)
         job.rcpt_count -= n
         message.rcpt_count -= n
