@@ -72,7 +72,8 @@ class DList(Generic[T]):
 
     def append(self, link: Link[T]) -> None:
         """Put ``link`` at the tail."""
-        self._check_free(link)
+        if link.owner is not None:  # _check_free, inlined: the hottest list operation
+            raise InvariantError("link is already on a list")
         link.owner = self
         link.next = None
         link.prev = self.tail
