@@ -3,8 +3,9 @@
 Contract
 --------
 A :class:`JobIndex` mirrors one transport's ``job_list`` (scheduler order) in a three-level tree of
-Python lists: the index holds groups, a group holds chunks, a chunk holds jobs. ``job.py`` keeps it
-in step with every change of ``job_list`` (:meth:`JobIndex.insert_after`,
+Python lists: the index holds groups (at most ``GROUP_MAX`` chunks each), a group holds chunks (at
+most ``CHUNK_MAX`` jobs each), a chunk holds jobs. ``job.py`` keeps it in step with every change
+of ``job_list`` (:meth:`JobIndex.insert_after`,
 :meth:`JobIndex.move_before`, :meth:`JobIndex.remove`), and the scheduler calls
 :func:`index_touch` after every change that can make a linked job a better candidate than before
 (fewer needed entries, fewer total entries, stack level back to 0). Missing a touch is a bug that
@@ -19,7 +20,8 @@ Postfix walks the jobs after the current one, in list order, keeping the best sc
 first job with the highest ``delay / total`` among those with ``0 < needed <= max_slots``) and
 stopping at the first stack-level-0 job with ``delay <= s``. Between two events of that walk (a new
 best, or the stop) nothing happens, so whole runs of jobs can be skipped if we can tell that none
-of them is an event. Each chunk and group keeps conservative bounds over its jobs:
+of them is an event. Each chunk, each group and the index keep conservative bounds over their
+jobs:
 
 - ``min_needed``, ``min_total``, ``min_qt``: lower bounds of needed entries, total entries and
   (whole-second) queued time over the jobs with ``needed > 0``;
@@ -37,9 +39,19 @@ which unblocks every job at once, then needs no update at all).
 Bounds only ever need tightening on events that make a job more attractive (needed or total
 entries shrink, the job returns to stack level 0, it joins the chunk); changes in the other
 direction (more entries read, the job joins a stack, is marked a blocker or leaves the chunk) leave
-them valid, merely loose until the next walk through the chunk recomputes them. So updates are O(1),
-list surgery is O(chunk size + fanout) done by C-level list operations, and a search costs a
-constant number of bound checks per group plus the chunks that hold real events.
+them valid, merely loose until the next walk through the chunk recomputes them. The index itself
+keeps the same bounds over all jobs, and they nest (index within group within chunk), so an update
+is O(1) and stops at the first level it does not change.
+
+Cost: list surgery is O(CHUNK_MAX + GROUP_MAX + groups) in C-level list operations. A search
+checks the bounds of the current job's chunk and group, then of the whole index; when no job can
+fit or score (the common case: the negative result Postfix would find only after walking every
+job; the bounds include the current job and those before it, so they must not fit either) it
+ends there, in O(CHUNK_MAX + GROUP_MAX) whatever the number of jobs. Otherwise it walks
+the chunks that may hold an event: the new best jobs and the stop, which Postfix's early stop
+keeps close in time order. The bounds are conservative (the job that fits need not be the one
+that scores), so a workload that mixes old large jobs and young small ones in every chunk can make
+the walk visit chunks where nothing happens; the worst case stays linear, as Postfix's.
 
 Times are whole seconds as in Postfix (``int(queued_time)``); counters are ints; the score is a
 float, compared exactly as in the linear walk.
@@ -96,7 +108,7 @@ class Group:
     max_qt0: int = _SMALL
 
 
-def _tighten(node: Chunk | Group, job: Job) -> None:
+def _tighten(node: Chunk | Group | JobIndex, job: Job) -> None:
     """Make ``node``'s bounds cover ``job``'s current values."""
     message = job.message
     qt = int(message.queued_time)
@@ -137,7 +149,23 @@ def _group_recompute(group: Group) -> None:
     group.min_needed, group.min_total, group.min_qt, group.max_qt0 = mn, mt, mq, mx
 
 
-def _merge_bounds(into: Chunk | Group, other: Chunk | Group) -> None:
+def _root_recompute(index: JobIndex) -> None:
+    """Bounds of the whole index from its groups' bounds."""
+    mn = mt = mq = _BIG
+    mx = _SMALL
+    for g in index.groups:
+        if g.min_needed < mn:
+            mn = g.min_needed
+        if g.min_total < mt:
+            mt = g.min_total
+        if g.min_qt < mq:
+            mq = g.min_qt
+        if g.max_qt0 > mx:
+            mx = g.max_qt0
+    index.min_needed, index.min_total, index.min_qt, index.max_qt0 = mn, mt, mq, mx
+
+
+def _merge_bounds(into: Chunk | Group, other: Chunk | Group | JobIndex) -> None:
     into.min_needed = min(into.min_needed, other.min_needed)
     into.min_total = min(into.min_total, other.min_total)
     into.min_qt = min(into.min_qt, other.min_qt)
@@ -147,12 +175,15 @@ def _merge_bounds(into: Chunk | Group, other: Chunk | Group) -> None:
 class JobIndex:
     """One transport's job list as groups of chunks of jobs (see the module docstring)."""
 
-    __slots__ = ("count", "groups")
+    __slots__ = ("count", "groups", "max_qt0", "min_needed", "min_qt", "min_total")
 
     def __init__(self) -> None:
         """Start empty."""
         self.groups: list[Group] = []
         self.count = 0
+        # Bounds over every job, as in Chunk and Group.
+        self.min_needed = self.min_total = self.min_qt = _BIG
+        self.max_qt0 = _SMALL
 
     def __len__(self) -> int:
         """Number of jobs in the index."""
@@ -209,6 +240,7 @@ class JobIndex:
         self.count += 1
         _tighten(chunk, job)
         _tighten(chunk.group, job)
+        _tighten(self, job)
         if len(chunk.jobs) > CHUNK_MAX:
             self._chunk_split(chunk)
 
@@ -279,8 +311,10 @@ def index_touch(job: Job) -> None:
     chunk = job.index_chunk
     if chunk is None:
         return
-    # _tighten(chunk, job) and _tighten(chunk.group, job), inlined: this runs on every selection.
+    # _tighten on the chunk, its group and the index, inlined: this runs on every selection. The
+    # bounds nest (index within group within chunk), so a level that needs no change ends it.
     group = chunk.group
+    root = group.index
     message = job.message
     qt = int(message.queued_time)
     total = job.read_entries + message.rcpt_unread
@@ -290,18 +324,26 @@ def index_touch(job: Job) -> None:
             chunk.min_needed = needed
             if needed < group.min_needed:
                 group.min_needed = needed
+                if needed < root.min_needed:
+                    root.min_needed = needed
         if total < chunk.min_total:
             chunk.min_total = total
             if total < group.min_total:
                 group.min_total = total
+                if total < root.min_total:
+                    root.min_total = total
         if qt < chunk.min_qt:
             chunk.min_qt = qt
             if qt < group.min_qt:
                 group.min_qt = qt
+                if qt < root.min_qt:
+                    root.min_qt = qt
     if job.stack_level == 0 and qt > chunk.max_qt0:
         chunk.max_qt0 = qt
         if qt > group.max_qt0:
             group.max_qt0 = qt
+            if qt > root.max_qt0:
+                root.max_qt0 = qt
 
 
 # --------------------------------------------------------------------------- the searches
@@ -357,7 +399,7 @@ class _Walk:
         self.score = 0.0
         self.stopped = False
 
-    def quiet(self, node: Chunk | Group) -> bool:
+    def quiet(self, node: Chunk | Group | JobIndex) -> bool:
         """True when no job under ``node`` can become the best or stop the walk."""
         score = self.score
         if self.when - node.max_qt0 <= score:
@@ -421,7 +463,10 @@ def candidate_search(current: Job, now: int, max_slots: int | None = None) -> Jo
         walk.chunks(group.chunks, group.chunks.index(chunk) + 1)
         if walk.stopped:
             return walk.best
-    groups = group.index.groups
+    index = group.index
+    if walk.quiet(index):
+        return walk.best
+    groups = index.groups
     for i in range(groups.index(group) + 1, len(groups)):
         g = groups[i]
         if walk.quiet(g):
@@ -430,6 +475,7 @@ def candidate_search(current: Job, now: int, max_slots: int | None = None) -> Jo
         if walk.stopped:
             return walk.best
         _group_recompute(g)
+    _root_recompute(index)
     return walk.best
 
 
@@ -438,6 +484,13 @@ def index_check(index: JobIndex, job_list: list[Job]) -> None:
     if index.jobs() != job_list or index.count != len(job_list):
         raise InvariantError("job index: order differs from job_list")
     for g in index.groups:
+        if (
+            index.min_needed > g.min_needed
+            or index.min_total > g.min_total
+            or index.min_qt > g.min_qt
+            or index.max_qt0 < g.max_qt0
+        ):
+            raise InvariantError("job index: index bounds do not enclose a group's")
         if not g.chunks or g.index is not index or len(g.chunks) > GROUP_MAX:
             raise InvariantError("job index: empty or foreign group")
         for c in g.chunks:
@@ -450,7 +503,7 @@ def index_check(index: JobIndex, job_list: list[Job]) -> None:
                 or g.max_qt0 < c.max_qt0
             ):
                 raise InvariantError("job index: group bounds do not enclose a chunk's")
-            for node in (c, g):
+            for node in (c, g, index):
                 probe = Chunk(g)
                 _merge_bounds(probe, node)
                 for job in c.jobs:
