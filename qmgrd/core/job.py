@@ -13,6 +13,9 @@ Contract
   its original parent.
 - ``job_move_limits(job)`` gives the job's unused recipient slots back to the transport pool and
   on to the oldest job that still has unread recipients.
+- Every change of a transport's ``job_list`` is mirrored in its ``job_index``
+  (:mod:`qmgrd.core.jobindex`), where the candidate search runs; ``job_free`` breaks the job's
+  link cycles so that it is freed by reference counting.
 
 Theory of operation (seed SCHEDULER_README 3.x, "How the preemption works")
 ---------------------------------------------------------------------------

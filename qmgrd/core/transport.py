@@ -5,8 +5,9 @@ Contract
 A :class:`Transport` owns its destination queues (by name), its jobs in scheduler order
 (``job_list``) and in strict ``queued_time`` order (``job_bytime``), the recipient-slot pool
 (``rcpt_unused``, which may go negative through the stack reserve), the blocker tag (odd, bumped by
-2 to clear every blocker mark at once) and the preemption candidate cache. Transports are created
-the first time a recipient resolves to them and never freed.
+2 to clear every blocker mark at once), the preemption candidate cache and ``job_index``, the
+mirror of ``job_list`` that the candidate search walks (:mod:`qmgrd.core.jobindex`). Transports
+are created the first time a recipient resolves to them and never freed.
 
 States: ``dead`` (agent failures; ``dsn`` holds the reason; revived after
 ``transport_retry_time``, on any completed delivery, or on flush) and ``rate_locked``
