@@ -229,9 +229,9 @@ class JobIndex:
             if not group.chunks:
                 self.groups.remove(group)
                 return
-        elif len(chunk.jobs) < CHUNK_MAX // 4:
+        elif len(chunk.jobs) <= CHUNK_MAX // 4:
             self._chunk_merge(chunk)
-        if len(group.chunks) < GROUP_MAX // 4:
+        if len(group.chunks) <= GROUP_MAX // 4:
             self._group_merge(group)
 
     def _put(self, job: Job, chunk: Chunk, pos: int) -> None:
