@@ -13,6 +13,9 @@ Contract
   its original parent.
 - ``job_move_limits(job)`` gives the job's unused recipient slots back to the transport pool and
   on to the oldest job that still has unread recipients.
+- Every change of a transport's ``job_list`` is mirrored in its ``job_index``
+  (:mod:`qmgrd.core.jobindex`), where the candidate search runs; ``job_free`` breaks the job's
+  link cycles so that it is freed by reference counting.
 
 Theory of operation (seed SCHEDULER_README 3.x, "How the preemption works")
 ---------------------------------------------------------------------------
@@ -36,9 +39,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qmgrd.core.dll import DList, Link
+from qmgrd.core.jobindex import candidate_search, index_touch
 from qmgrd.errors import InvariantError
 
 if TYPE_CHECKING:
+    from qmgrd.core.jobindex import Chunk
     from qmgrd.core.message import Message
     from qmgrd.core.peer import Peer
     from qmgrd.core.transport import Transport
@@ -77,6 +82,7 @@ class Job:
     peer_list: DList[Peer] = field(default_factory=DList)  # round robin
     transport_link: Link[Job] = field(init=False)  # on transport.job_list
     time_link: Link[Job] = field(init=False)  # on transport.job_bytime
+    index_chunk: Chunk | None = None  # where it sits in transport.job_index (None: not linked)
 
     def __post_init__(self) -> None:
         """Create the two list links."""
@@ -142,6 +148,7 @@ def _job_link(job: Job) -> None:
 
     job.stack_level = 0
     transport.job_list.insert_after(job.transport_link, list_prev)
+    transport.job_index.insert_after(job, list_prev.item if list_prev is not None else None)
     transport.job_bytime.insert_after(job.time_link, tprev)
 
     if current_passed:
@@ -180,6 +187,7 @@ def _job_unlink(job: Job) -> None:
         child.stack_parent = None
     job.stack_children.clear()
     transport.job_list.unlink(job.transport_link)
+    transport.job_index.remove(job)
     transport.job_bytime.unlink(job.time_link)
     job.stack_level = -1
 
@@ -223,6 +231,8 @@ def job_free(job: Job) -> None:
     if job.stack_level >= 0:
         _job_unlink(job)
     del job.message.jobs[job.transport.name]
+    job.transport_link.release()
+    job.time_link.release()
 
 
 # --------------------------------------------------------------------------- slot flow
@@ -262,6 +272,7 @@ def job_count_slots(job: Job) -> None:
     """Account one selected entry of ``job`` (notes §5.1)."""
     job.slots_available += 1
     job.slots_used += 1
+    index_touch(job)  # its selected_entries just grew: fewer entries needed
     transport = job.transport
     if transport.candidate_cache_current is not job:
         transport.reset_candidate_cache()
@@ -286,6 +297,7 @@ def job_pop(job: Job) -> None:
     if job is transport.candidate_cache or job is transport.candidate_cache_current:
         transport.reset_candidate_cache()
     job.stack_level = 0
+    index_touch(job)
 
 
 def _job_candidate(current: Job, now: int) -> Job | None:
@@ -295,28 +307,7 @@ def _job_candidate(current: Job, now: int) -> Job | None:
         transport.candidate_cache_time == now or transport.candidate_cache is None
     ):
         return transport.candidate_cache
-    cost = transport.params.delivery_slot_cost
-    # C int division truncates; the numerator's sign only matters for "> 0", same result.
-    max_slots = (current.read_entries - current.selected_entries + current.slots_available) // cost
-    best: Job | None = None
-    best_score = 0.0
-    if max_slots > 0:
-        tag = transport.blocker_tag
-        link = current.transport_link.next
-        while link is not None:
-            job = link.item
-            link = link.next
-            if job.stack_children or job.blocker_tag == tag:
-                continue
-            total = job.read_entries + job.message.rcpt_unread
-            needed = total - job.selected_entries
-            delay = now - int(job.message.queued_time) + 1
-            if 0 < needed <= max_slots:
-                score = delay / total
-                if score > best_score:
-                    best, best_score = job, score
-            if delay <= best_score and job.stack_level == 0:
-                break
+    best = candidate_search(current, now)
     transport.candidate_cache = best
     transport.candidate_cache_current = current
     transport.candidate_cache_time = now
@@ -344,6 +335,7 @@ def job_preempt(current: Job, now: float) -> Job:
         job_pop(cand)
     transport.job_list.unlink(cand.transport_link)
     transport.job_list.insert_before(cand.transport_link, current.transport_link)
+    transport.job_index.move_before(cand, current)
     cand.stack_parent = current
     current.stack_children[cand] = None
     cand.stack_level = current.stack_level + 1

@@ -58,14 +58,17 @@ def peer_done(peer: Peer) -> None:
     job = peer.job
     del job.peers[peer.queue.name]
     job.peer_list.unlink(peer.job_link)
+    peer.job_link.release()
 
 
 def peer_select(job: Job) -> Peer | None:
     """The first peer with a TODO entry whose queue has room; rotated to the tail."""
-    for link in job.peer_list.iter_links():
+    link = job.peer_list.head
+    while link is not None:
         peer = link.item
         queue = peer.queue
-        if queue.window.window > queue.busy.count and peer.entries:
+        if queue.window.window > queue.busy.count and peer.entries.head is not None:
             job.peer_list.rotate(link)
             return peer
+        link = link.next
     return None

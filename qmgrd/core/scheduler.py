@@ -89,6 +89,7 @@ from qmgrd.core.job import (
     job_preempt,
     job_retire,
 )
+from qmgrd.core.jobindex import index_touch
 from qmgrd.core.message import Message, ReadRequest, ResolvedRecipient
 from qmgrd.core.params import READ_BATCH_LIMIT, SchedulerParams, TransportParams
 from qmgrd.core.peer import Peer, peer_done, peer_obtain, peer_select
@@ -276,6 +277,7 @@ class Scheduler:
             self._events.append(RecipientsDeferred(message, tuple(rcpts), status, reason))
 
         for job in message.jobs.values():
+            index_touch(job)  # fewer unread recipients: fewer entries needed
             if job.has_entries and not job.is_blocker:
                 job.transport.reset_candidate_cache()
         if not message.more:
@@ -353,9 +355,17 @@ class Scheduler:
 
     def select(self, now: float) -> Entry | None:
         """The next entry to hand to an agent, or None (notes §4)."""
-        for link in self._transport_list.iter_links():
+        link = self._transport_list.head
+        while link is not None:
+            nxt = link.next
             transport = link.item
-            if transport.dead or transport.rate_locked or transport.at_process_limit:
+            limit = transport.params.process_limit
+            if (
+                transport.dead
+                or transport.rate_locked
+                or (limit > 0 and transport.busy >= limit)  # at_process_limit, inlined
+            ):
+                link = nxt
                 continue
             entry = self._job_entry_select(transport, now)
             if entry is not None:
@@ -364,6 +374,7 @@ class Scheduler:
                 if transport.params.transport_rate_delay > 0:
                     transport.rate_locked = True
                 return entry
+            link = nxt
         return None
 
     def _job_entry_select(self, transport: Transport, now: float) -> Entry | None:
@@ -444,7 +455,7 @@ class Scheduler:
         if not queue.dflags & DFLAG_STORE:
             if back_to_back:
                 queue.dflags |= DFLAG_LOAD | DFLAG_STORE
-        elif not (len(queue.busy) > 1 or back_to_back):
+        elif not (queue.busy.count > 1 or back_to_back):
             queue.dflags &= ~DFLAG_STORE
         entry.dflags = queue.dflags
         return entry
@@ -478,7 +489,7 @@ class Scheduler:
             if (
                 hop_failure is None
                 and (window.ready or window.throttled)
-                and window.positive_feedback(len(queue.busy))
+                and window.positive_feedback(queue.busy.count)
             ):
                 self._queue_revived(queue)
         if transport.rate_locked:
@@ -504,7 +515,10 @@ class Scheduler:
             queue.todo.unlink(entry.queue_link)
             peer.entries.unlink(entry.peer_link)
             job.selected_entries += 1
+            index_touch(job)
         entry.state = EntryState.DONE
+        entry.queue_link.release()
+        entry.peer_link.release()
         n = len(entry.recipients)
         job.rcpt_count -= n
         message.rcpt_count -= n
@@ -544,7 +558,7 @@ class Scheduler:
         if busy:
             queue.last_done = now
 
-        if not queue.todo and not queue.busy:
+        if queue.todo.head is None and queue.busy.head is None:
             if window.throttled and self.queue_count > 2 * self.params.recipient_limit:
                 window.positive_feedback(0)
                 self._queue_revived(queue)

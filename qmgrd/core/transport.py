@@ -5,8 +5,9 @@ Contract
 A :class:`Transport` owns its destination queues (by name), its jobs in scheduler order
 (``job_list``) and in strict ``queued_time`` order (``job_bytime``), the recipient-slot pool
 (``rcpt_unused``, which may go negative through the stack reserve), the blocker tag (odd, bumped by
-2 to clear every blocker mark at once) and the preemption candidate cache. Transports are created
-the first time a recipient resolves to them and never freed.
+2 to clear every blocker mark at once), the preemption candidate cache and ``job_index``, the
+mirror of ``job_list`` that the candidate search walks (:mod:`qmgrd.core.jobindex`). Transports
+are created the first time a recipient resolves to them and never freed.
 
 States: ``dead`` (agent failures; ``dsn`` holds the reason; revived after
 ``transport_retry_time``, on any completed delivery, or on flush) and ``rate_locked``
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qmgrd.core.dll import DList, Link
+from qmgrd.core.jobindex import JobIndex
 
 if TYPE_CHECKING:
     from qmgrd.core.job import Job
@@ -40,6 +42,7 @@ class Transport:
     queues: dict[str, Queue] = field(default_factory=dict)
     job_list: DList[Job] = field(default_factory=DList)  # scheduler order
     job_bytime: DList[Job] = field(default_factory=DList)  # queued_time order
+    job_index: JobIndex = field(default_factory=JobIndex)  # job_list for the candidate search
     job_current: Job | None = None
     job_next_unread: Job | None = None
     candidate_cache: Job | None = None
