@@ -46,10 +46,11 @@ import socket
 import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from qmgrd.errors import InvariantError, QmgrdError, SpoolError
 from qmgrd.log import get_logger
+from qmgrd.ops.operation import Operation
 from qmgrd.spool import QUEUES, Spool, is_queue_id
 
 __all__ = [
@@ -75,14 +76,12 @@ CLIENT_TIMEOUT = 30.0  # seconds a client may stay silent before it is hung up o
 MAX_CLIENTS = 64  # concurrent connections; more are answered with an error and closed
 _SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
-Operation = Literal["hold", "release", "delete", "requeue"]
-_OPERATIONS: frozenset[str] = frozenset({"hold", "release", "delete", "requeue"})
 _FIELDS: dict[str, frozenset[str]] = {
     "ping": frozenset(),
     "flush": frozenset({"destination", "queue_id"}),
     "scan": frozenset(),
     "status": frozenset(),
-    **{op: frozenset({"ids"}) for op in _OPERATIONS},
+    **{op.value: frozenset({"ids"}) for op in Operation},
 }
 
 
@@ -335,7 +334,7 @@ class ControlServer:
             queue_ids = list(dict.fromkeys(ids))
         else:
             raise _BadRequest('ids must be a list of queue ids or "ALL"')
-        operation: Operation = _operation(op)
+        operation = _operation(op)
         results = await self.engine.operate(operation, queue_ids)
         return {"ok": True, "results": results}
 
@@ -345,15 +344,10 @@ class _BadRequest(Exception):
 
 
 def _operation(op: str) -> Operation:
-    if op == "hold":
-        return "hold"
-    if op == "release":
-        return "release"
-    if op == "delete":
-        return "delete"
-    if op == "requeue":
-        return "requeue"
-    raise _BadRequest(f"unknown operation {op!r}")
+    try:
+        return Operation.parse(op)
+    except ValueError as exc:
+        raise _BadRequest(str(exc)) from None
 
 
 def _error(text: str) -> dict[str, Any]:
