@@ -112,6 +112,8 @@ class Dispatcher:
         except asyncio.CancelledError:
             # Shutdown: the recipients stay R in active/ and are recovered at the next start.
             raise
+        except InvariantError:
+            raise  # a bug, wherever it is: the daemon stops
         except Exception as exc:
             ctx.log.error(
                 "delivery agent failed",

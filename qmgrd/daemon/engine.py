@@ -217,6 +217,12 @@ class Engine:
         async with self._pass_cond:
             await self._pass_cond.wait_for(lambda: self._passes > start and self.idle)
 
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        """Wait until ``predicate`` holds at the end of a pass (tests bound it in time)."""
+        self._kick.set()
+        async with self._pass_cond:
+            await self._pass_cond.wait_for(predicate)
+
     # ------------------------------------------------------------------ lifecycle
 
     async def recover(self) -> None:
@@ -357,8 +363,16 @@ class Engine:
     # ------------------------------------------------------------------ control
 
     async def operate(self, op: Operation, queue_ids: Sequence[str] | None) -> dict[str, str]:
-        """hold / release / delete / requeue (``qmgrd.daemon.operations``)."""
-        return await self.operator.operate(op, queue_ids)
+        """hold / release / delete / requeue (``qmgrd.daemon.operations``).
+
+        An ``InvariantError`` met on the way stops the daemon (and is raised to
+        the control socket, which answers ``internal error``).
+        """
+        try:
+            return await self.operator.operate(op, queue_ids)
+        except InvariantError as exc:
+            self._fail(exc)
+            raise
 
     async def flush_destination(self, domain: str) -> int:
         """Forget that ``domain`` is dead and retry the deferred mail that has recipients there."""
