@@ -18,15 +18,17 @@ Protocol: one JSON object per line each way. Requests::
     {"op": "flush", "queue_id": "ID"}               -> {"ok": true, "found": bool}
     {"op": "scan"}                                  -> {"ok": true}
     {"op": "status"}                                -> {"ok": true, "pid": N, "queue_files":
-                                                        {"incoming": N, ...}, ...engine.status()}
+                                                        {"incoming": N, ...},
+                                                        ...EngineStatus.to_json()}
     {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"}
                                                     -> {"ok": true, "results": {ID: result}}
 
-A result is ``"ok"``, ``"not found"``, ``"pending"`` (the message is being
-delivered; the engine applies the operation when that pass ends) or
-``"error: ..."``. Any request the server cannot honour gets
-``{"ok": false, "error": "one line"}`` and the connection stays usable; a
-line longer than ``max_line`` bytes, or a client silent for
+The operation names and results are ``qmgrd.ops.operation.Operation`` and
+``OpResult``: ``"ok"``, ``"not found"``, ``"pending"`` (the message is being
+delivered; the operation is already on disk, so a restart honours it, and the
+engine completes it when that pass ends) or ``"error: ..."``. Any request
+the server cannot honour gets ``{"ok": false, "error": "one line"}`` and
+the connection stays usable; a line longer than ``max_line`` bytes, or a client silent for
 ``client_timeout`` seconds, gets its connection closed. Nothing a client
 sends can stop the daemon: an unexpected exception from the engine is logged
 and answered as ``internal error``.
@@ -48,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from qmgrd.daemon.snapshot import EngineStatus, StatusReply
 from qmgrd.errors import InvariantError, QmgrdError, SpoolError
 from qmgrd.log import get_logger
 from qmgrd.ops.operation import Operation
@@ -100,8 +103,8 @@ class EngineControl(Protocol):
     def request_incoming_scan(self) -> None:
         """Look at incoming/ again."""
 
-    def status(self) -> dict[str, Any]:
-        """A JSON-ready snapshot of what is in core."""
+    def snapshot(self) -> EngineStatus:
+        """The typed snapshot of what is in core."""
 
     async def operate(
         self, op: Operation, queue_ids: Sequence[str] | None
@@ -316,8 +319,8 @@ class ControlServer:
 
     async def _status(self) -> dict[str, Any]:
         counts = await asyncio.to_thread(_count_files, self.spool)
-        snapshot = self.engine.status()
-        return {"ok": True, "pid": os.getpid(), "queue_files": counts, **snapshot}
+        reply = StatusReply(os.getpid(), tuple(counts.items()), self.engine.snapshot())
+        return {"ok": True, **reply.to_json()}
 
     async def _operate(self, op: str, ids: Any) -> dict[str, Any]:
         queue_ids: list[str] | None

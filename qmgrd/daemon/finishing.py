@@ -33,6 +33,7 @@ caught here: it stops the daemon.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,18 +50,28 @@ from qmgrd.ops.operation import Operation
 from qmgrd.ops.spoolops import settle_in_core
 from qmgrd.spool import WARNED, Envelope, ReasonRecord, RecipientSpec, rewrite_warn_time
 
-__all__ = ["INTERNAL_DSN", "Finisher"]
+__all__ = ["INTERNAL_DSN", "FinishAction", "Finisher"]
 
 INTERNAL_DSN = "4.3.0"
 SAFE_AFTER = 3  # failed finishes (not disk errors) before the message is simply deferred
 _MAX_BACKOFF_STEPS = 6
 
 
+class FinishAction(enum.Enum):
+    """What the end of a pass did with the message's file."""
+
+    REMOVED = "removed"  # every recipient done
+    DEFERRED = "deferred"  # moved to deferred/ with its next-attempt time
+    EXPIRED = "expired"  # returned to the sender and removed
+    CORRUPT = "corrupt"  # moved to corrupt/
+    OPERATOR = "operator"  # settled as the operator asked (hold, delete, requeue)
+
+
 @dataclass(slots=True)
 class _Plan:
     """What the first file job found; notices to compose; what to do after."""
 
-    action: str  # removed | deferred | expired | corrupt | <operation>
+    action: FinishAction
     notices: list[tuple[NoticeKind, list[ReasonRecord]]] = field(default_factory=list)
     expired: tuple[ReasonRecord, ...] = ()
     detail: str = ""
@@ -97,7 +108,7 @@ class Finisher:
         try:
             if record.failures >= SAFE_AFTER and record.op is None:
                 when = await ctx.io.submit(lambda: self._safe_defer(msg, now))
-                self._report(record, _Plan("deferred", next_attempt=when), [], now)
+                self._report(record, _Plan(FinishAction.DEFERRED, next_attempt=when), [], now)
                 return
             plan = await ctx.io.submit(lambda: self._prepare(record, msg, now))
             notices = [
@@ -122,17 +133,17 @@ class Finisher:
             msg.pending_defer = []
         if msg.corrupt is not None:
             spool.quarantine("active", qid, msg.corrupt)
-            return _Plan("corrupt", detail=msg.corrupt)
+            return _Plan(FinishAction.CORRUPT, detail=msg.corrupt)
         if record.op is not None:
             settle_in_core(spool, record.op, qid, now)
-            return _Plan(record.op.value)
+            return _Plan(FinishAction.OPERATOR)
         if msg.problem is not None:
             reasons = _internal_reasons(msg, msg.problem, now)
             if reasons:
                 spool.append_reasons("defer", qid, reasons)
             msg.problem = None
             msg.deferred = True
-        plan = _Plan("removed")
+        plan = _Plan(FinishAction.REMOVED)
         if msg.bounced:
             records = spool.read_reasons("bounce", qid)
             if records and qf.sender:
@@ -147,7 +158,7 @@ class Finisher:
             maximal_queue_lifetime=s.maximal_queue_lifetime,
             bounce_queue_lifetime=s.bounce_queue_lifetime,
         ):
-            plan.action = "expired"
+            plan.action = FinishAction.EXPIRED
             plan.expired = tuple(
                 ReasonRecord(
                     r.address, _failed_status(r.dsn), "failed", f"message expired: {r.reason}",
@@ -159,7 +170,7 @@ class Finisher:
             if wanted and qf.sender:
                 plan.notices.append(("failure", wanted))
             return plan
-        plan.action = "deferred"
+        plan.action = FinishAction.DEFERRED
         plan.next_attempt = next_attempt(
             now, qf.arrival_time, s.minimal_backoff_time, s.maximal_backoff_time
         )
@@ -181,14 +192,14 @@ class Finisher:
     ) -> list[tuple[NoticeKind, str]]:
         """Worker thread: commit the notices, then remove, expire or defer the file."""
         spool, qid, qf = self.ctx.spool, msg.queue_id, msg.qf
-        if plan.action in ("corrupt", *(op.value for op in Operation)):
+        if plan.action in (FinishAction.CORRUPT, FinishAction.OPERATOR):
             return []
         envelope = _notice_envelope(qf.sender, now)
         ids = [(kind, spool.commit(envelope, body)) for kind, body in notices]
         if msg.bounced:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
-        if plan.action in ("removed", "expired"):
+        if plan.action in (FinishAction.REMOVED, FinishAction.EXPIRED):
             spool.remove("active", qid)
             spool.remove_reasons("defer", qid)
             return ids
@@ -245,14 +256,14 @@ class Finisher:
             self.notify_incoming(notice_id)
         if record.op is not None:
             self.op_done(qid, record.op)
-        elif plan.action == "removed":
+        elif plan.action is FinishAction.REMOVED:
             ctx.stats.messages_removed += 1
             ctx.log.info("removed", queue_id=qid)
-        elif plan.action == "deferred":
+        elif plan.action is FinishAction.DEFERRED:
             ctx.stats.messages_deferred += 1
             when = datetime.fromtimestamp(plan.next_attempt, UTC).isoformat()
             ctx.log.info("deferred", queue_id=qid, next_attempt=when)
-        elif plan.action == "expired":
+        elif plan.action is FinishAction.EXPIRED:
             for r in plan.expired:
                 if ctx.metrics is not None:
                     ctx.metrics.record_delivery("", "expired", r.dsn, now - msg.qf.arrival_time)
@@ -268,7 +279,7 @@ class Finisher:
                 )
             ctx.log.info("removed", queue_id=qid)
             ctx.stats.messages_removed += 1
-        elif plan.action == "corrupt":
+        elif plan.action is FinishAction.CORRUPT:
             ctx.log.warning("corrupt queue file", queue_id=qid, reason=plan.detail)
         for kind, notice_id in notices:
             # Postfix's shape: "ID: sender non-delivery notification: NOTICE_ID".

@@ -9,7 +9,8 @@ Two kinds of series (docs/operations.md lists every one and how to read it):
   (never prometheus_client's global one: no module state, and several
   daemons can run in one test process).
 - **State**, read at scrape time by a custom collector: ``status_fn()``
-  returns the engine's snapshot (``Engine.status()``: uptime, messages and
+  returns the engine's typed snapshot (``Engine.snapshot()``,
+  ``qmgrd.daemon.snapshot.EngineStatus``: uptime, messages and
   recipients in core, transports with their destination queues) and
   ``queue_counts_fn()`` the number of files per spool queue. Only the
   ``top_destinations`` busiest destinations get per-destination series, so
@@ -34,13 +35,13 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
 from qmgrd.errors import InvariantError
 from qmgrd.log import get_logger
 
@@ -53,7 +54,7 @@ __all__ = [
     "start_metrics_server",
 ]
 
-StatusFn = Callable[[], Mapping[str, Any]]
+StatusFn = Callable[[], EngineStatus]
 QueueCountsFn = Callable[[], Mapping[str, int]]
 
 STATUSES = ("sent", "deferred", "bounced", "expired")
@@ -230,32 +231,28 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def _status_metrics(status: Mapping[str, Any], top: int) -> Iterable[Metric]:
-    """Translate ``Engine.status()`` into gauges (see the module doc)."""
-    yield _gauge("qmgrd_uptime_seconds", "Seconds since the engine started.", status["uptime"])
+def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
+    """Translate the engine's snapshot into gauges (see the module doc)."""
+    yield _gauge("qmgrd_uptime_seconds", "Seconds since the engine started.", status.uptime)
     yield _gauge(
         "qmgrd_messages_in_core",
         "Messages in the active queue (qmgr_message_active_limit bounds it).",
-        status["messages_in_core"],
+        status.messages_in_core,
     )
     yield _gauge(
         "qmgrd_recipients_in_core",
         "Recipients in core (qmgr_message_recipient_limit bounds it).",
-        status["recipients_in_core"],
+        status.recipients_in_core,
     )
-    if "messages_waiting" in status:
-        yield _gauge(
-            "qmgrd_messages_waiting",
-            "Queue files found in incoming/ or due in deferred/, waiting for room in core.",
-            status["messages_waiting"],
+    yield _gauge(
+        "qmgrd_messages_waiting",
+        "Queue files found in incoming/ or due in deferred/, waiting for room in core.",
+        status.messages_waiting,
+    )
+    for name, value in sorted(status.stats):
+        yield CounterMetricFamily(
+            f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
         )
-    stats = status.get("stats")
-    if isinstance(stats, Mapping):
-        for name, value in sorted(stats.items()):
-            if isinstance(value, int | float):
-                yield CounterMetricFamily(
-                    f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
-                )
 
     t_busy = GaugeMetricFamily(
         "qmgrd_transport_busy", "Deliveries in progress per transport.", labels=("transport",)
@@ -292,25 +289,23 @@ def _status_metrics(status: Mapping[str, Any], top: int) -> Iterable[Metric]:
         "1 for each dead destination (at most the top N by waiting entries).",
         labels=d_labels,
     )
-    ranked: list[tuple[int, int, str, str, Mapping[str, Any]]] = []
+    ranked: list[tuple[int, int, str, str, DestinationStatus]] = []
     dead_ranked: list[tuple[int, str, str]] = []
-    for transport in status.get("transports", ()):
-        name = str(transport["name"])
-        queues = transport.get("queues", ())
-        t_busy.add_metric((name,), transport.get("busy", 0))
-        t_dead.add_metric((name,), 1 if transport.get("dead") else 0)
-        t_dests.add_metric((name,), len(queues))
+    for transport in status.transports:
+        name = transport.name
+        t_busy.add_metric((name,), transport.busy)
+        t_dead.add_metric((name,), 1 if transport.dead else 0)
+        t_dests.add_metric((name,), len(transport.queues))
         dead = 0
-        for queue in queues:
-            dest = str(queue["name"])
-            ranked.append((int(queue["busy"]), int(queue["todo"]), name, dest, queue))
-            if queue.get("state") == "dead":
+        for queue in transport.queues:
+            ranked.append((queue.busy, queue.todo, name, queue.name, queue))
+            if queue.state == "dead":
                 dead += 1
-                dead_ranked.append((int(queue["todo"]), name, dest))
+                dead_ranked.append((queue.todo, name, queue.name))
         t_dead_dests.add_metric((name,), dead)
     ranked.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
     for busy, todo, name, dest, queue in ranked[:top]:
-        d_window.add_metric((name, dest), queue["window"])
+        d_window.add_metric((name, dest), queue.window)
         d_busy.add_metric((name, dest), busy)
         d_todo.add_metric((name, dest), todo)
     dead_ranked.sort(key=lambda r: (-r[0], r[1], r[2]))

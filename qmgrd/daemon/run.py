@@ -54,7 +54,7 @@ async def serve(
     metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(spool.root))
     engine = create_engine(cfg, spool=spool)
     engine.metrics = metrics
-    metrics.status_fn = engine.status
+    metrics.status_fn = engine.snapshot
     engine_task = asyncio.get_running_loop().create_task(engine.run())
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(_stop_engine, engine, engine_task)

@@ -9,8 +9,9 @@ disk refuses; none of them logs.
 ``operate_file(spool, op, queue_id, sources, now) -> str`` applies ``op`` to a
 message waiting in one of ``sources`` (the first queue holding it): ``hold``
 moves it to ``hold/``, ``release`` to ``deferred/`` due now, ``requeue`` to
-``incoming/`` due now, ``delete`` removes it with its ``defer/`` and
-``bounce/`` logs. It answers ``ok``, ``not found`` or ``error: TEXT``; a file
+``incoming/`` due now, ``delete`` removes it from every one of ``sources``
+(a hold made durable during a delivery leaves two names) with its ``defer/``
+and ``bounce/`` logs. It answers ``ok``, ``not found`` or ``error: TEXT``; a file
 that another process moved meanwhile is looked for in the next queue. The
 daemon passes the queues it does not own a message in (never ``active/``);
 the offline ``qmgrd hold|...`` passes ``op.sources``.
@@ -50,6 +51,8 @@ def operate_file(
     spool: Spool, op: Operation, queue_id: str, sources: Sequence[str], now: float
 ) -> str:
     """Apply ``op`` to ``queue_id`` found in one of ``sources`` (see the module doc)."""
+    if op is Operation.DELETE:
+        return _delete_everywhere(spool, queue_id, sources)
     for src in sources:
         path = spool.path(src, queue_id)
         if not path.is_file():
@@ -61,18 +64,27 @@ def operate_file(
                 spool.move(queue_id, src, "hold")
             elif op is Operation.RELEASE:
                 spool.move(queue_id, src, "deferred", mtime=now)
-            elif op is Operation.REQUEUE:
-                spool.move(queue_id, src, "incoming", mtime=now)
             else:
-                if not spool.remove(src, queue_id):
-                    continue  # vanished meanwhile: look in the next queue
-                remove_reasons(spool, queue_id)
+                spool.move(queue_id, src, "incoming", mtime=now)
         except SpoolError as exc:
             if not path.exists():
                 continue  # moved by someone else meanwhile: look in the next queue
             return OpResult.error(str(exc))
         return OpResult.OK
     return OpResult.NOT_FOUND
+
+
+def _delete_everywhere(spool: Spool, queue_id: str, sources: Sequence[str]) -> str:
+    """Remove every name of ``queue_id`` in ``sources`` (a held link included) and its logs."""
+    removed = False
+    try:
+        for src in sources:
+            removed = spool.remove(src, queue_id) or removed
+        if removed:
+            remove_reasons(spool, queue_id)
+    except SpoolError as exc:
+        return OpResult.error(str(exc))
+    return OpResult.OK if removed else OpResult.NOT_FOUND
 
 
 def remove_reasons(spool: Spool, queue_id: str) -> None:
