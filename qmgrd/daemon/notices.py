@@ -93,6 +93,8 @@ class ThreadPool:
             if job is None:
                 return
             fn, future = job
+            if future.done():  # its waiter timed out meanwhile: do not run stale work
+                continue
             loop = future.get_loop()
             try:
                 ok, value = True, fn()
