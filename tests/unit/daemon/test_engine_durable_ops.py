@@ -1,0 +1,114 @@
+"""Operator actions on a message being delivered are on disk before they are answered."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qmgrd.config import load_config
+from qmgrd.daemon.assemble import create_engine
+from qmgrd.daemon.clock import FakeClock
+from qmgrd.daemon.engine import Engine
+from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
+from qmgrd.ops.operation import Operation
+from qmgrd.spool import Spool
+
+from .test_engine import FakeAgent, _engine, _run_until_idle, _stop, _submit
+
+TIMEOUT = 20.0
+_ONE_AT_A_TIME = (
+    "smtp_destination_recipient_limit = 1\n"
+    "smtp_initial_destination_concurrency = 1\n"
+    "smtp_destination_concurrency_limit = 1\n"
+    "shutdown_timeout = 1s"
+)
+
+
+@dataclass
+class NeverAgent:
+    """Starts deliveries and never finishes them (a stalled remote)."""
+
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    requests: list[DeliveryRequest] = field(default_factory=list)
+
+    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
+        """Record the request and wait until cancelled by the shutdown."""
+        self.requests.append(request)
+        self.started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+def _restart(tmp_path: Path, agent: FakeAgent) -> tuple[Engine, Spool]:
+    """A new engine on the same configuration and spool (the daemon after a restart)."""
+    cfg = load_config(tmp_path / "conf", hostname="mx.test")
+    spool = Spool(tmp_path / "spool", fsync=False)
+    engine = create_engine(cfg, spool=spool, clock=FakeClock(), agents={"smtp": agent})
+    return engine, spool
+
+
+async def _operate_then_crash(tmp_path: Path, op: Operation) -> str:
+    """Start a delivery that never ends, apply ``op`` to its message, stop the daemon."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
+    stalled = NeverAgent()
+    engine.agents = {"smtp": stalled}
+    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test", "three@a.test"])
+    task = asyncio.create_task(engine.run())
+    await asyncio.wait_for(stalled.started.wait(), TIMEOUT)
+    assert await engine.operate(op, [qid]) == {qid: "pending"}
+    engine.stop()  # the delivery in flight is cancelled after shutdown_timeout
+    await asyncio.wait_for(task, TIMEOUT)
+    assert spool.list_ids("active") == [qid]  # the pass never ended
+    return qid
+
+
+async def test_delete_of_an_active_message_survives_a_restart(tmp_path: Path) -> None:
+    """delete answered 'pending', then a restart before the delivery ended: nothing is sent."""
+    qid = await _operate_then_crash(tmp_path, Operation.DELETE)
+    agent = FakeAgent()
+    engine, spool = _restart(tmp_path, agent)
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    assert agent.delivered == []
+    for queue in ("incoming", "active", "deferred", "hold", "defer", "bounce"):
+        assert qid not in spool.list_ids(queue), queue
+
+
+async def test_hold_of_an_active_message_survives_a_restart(tmp_path: Path) -> None:
+    """hold answered 'pending', then a restart: the message is in hold/, not delivered."""
+    qid = await _operate_then_crash(tmp_path, Operation.HOLD)
+    agent = FakeAgent()
+    engine, spool = _restart(tmp_path, agent)
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    assert agent.delivered == []
+    assert spool.list_ids("hold") == [qid] and spool.list_ids("active") == []
+    remaining = spool.open("hold", qid).read_all_recipients()
+    assert sorted(r.address for r in remaining) == ["one@a.test", "three@a.test", "two@a.test"]
+
+
+async def test_delete_after_hold_of_an_active_message_removes_both(tmp_path: Path) -> None:
+    """hold then delete of a message in delivery: when the pass ends nothing is left."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
+    stalled = NeverAgent()
+    engine.agents = {"smtp": stalled}
+    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
+    task = asyncio.create_task(engine.run())
+    await asyncio.wait_for(stalled.started.wait(), TIMEOUT)
+    assert await engine.operate(Operation.HOLD, [qid]) == {qid: "pending"}
+    assert spool.list_ids("hold") == [qid]
+    assert await engine.operate(Operation.DELETE, [qid]) == {qid: "pending"}
+    assert spool.list_ids("hold") == []
+    engine.stop()
+    await asyncio.wait_for(task, TIMEOUT)
+    agent = FakeAgent()
+    engine2, spool2 = _restart(tmp_path, agent)
+    task2 = await _run_until_idle(engine2)
+    await _stop(engine2, task2)
+    assert agent.delivered == []
+    for queue in ("incoming", "active", "deferred", "hold"):
+        assert spool2.list_ids(queue) == [], queue
