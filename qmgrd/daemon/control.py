@@ -20,7 +20,7 @@ Protocol: one JSON object per line each way. Requests::
     {"op": "status"}                                -> {"ok": true, "pid": N, "queue_files":
                                                         {"incoming": N, ...},
                                                         ...EngineStatus.to_json()}
-    {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"}
+    {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"[, "queue": Q]}
                                                     -> {"ok": true, "results": {ID: result}}
 
 The operation names and results are ``qmgrd.ops.operation.Operation`` and
@@ -84,7 +84,7 @@ _FIELDS: dict[str, frozenset[str]] = {
     "flush": frozenset({"destination", "queue_id"}),
     "scan": frozenset(),
     "status": frozenset(),
-    **{op.value: frozenset({"ids"}) for op in Operation},
+    **{op.value: frozenset({"ids", "queue"}) for op in Operation},
 }
 
 
@@ -107,9 +107,9 @@ class EngineControl(Protocol):
         """The typed snapshot of what is in core."""
 
     async def operate(
-        self, op: Operation, queue_ids: Sequence[str] | None
+        self, op: Operation, queue_ids: Sequence[str] | None, *, queue: str | None = None
     ) -> dict[str, str]:
-        """hold/release/delete/requeue (None = ALL); a result per queue id."""
+        """hold/release/delete/requeue (None = ALL, or ALL of ``queue``); a result per id."""
 
 
 def control_socket_path(queue_directory: Path) -> Path:
@@ -294,7 +294,7 @@ class ControlServer:
             return {"ok": True}
         if op == "status":
             return await self._status()
-        return await self._operate(op, request.get("ids"))
+        return await self._operate(op, request.get("ids"), request.get("queue"))
 
     async def _flush(self, request: dict[str, Any]) -> dict[str, Any]:
         destination = request.get("destination")
@@ -322,7 +322,16 @@ class ControlServer:
         reply = StatusReply(os.getpid(), tuple(counts.items()), self.engine.snapshot())
         return {"ok": True, **reply.to_json()}
 
-    async def _operate(self, op: str, ids: Any) -> dict[str, Any]:
+    async def _operate(self, op: str, ids: Any, queue: Any) -> dict[str, Any]:
+        operation = _operation(op)
+        if queue is not None:
+            if ids != "ALL":
+                raise _BadRequest('queue is only allowed with "ids": "ALL"')
+            if not isinstance(queue, str) or queue not in operation.sources:
+                known = ", ".join(operation.sources)
+                raise _BadRequest(f"{op} takes a queue among {known}, not {queue!r}")
+            results = await self.engine.operate(operation, None, queue=queue)
+            return {"ok": True, "results": results}
         queue_ids: list[str] | None
         if ids == "ALL":
             queue_ids = None
@@ -337,7 +346,6 @@ class ControlServer:
             queue_ids = list(dict.fromkeys(ids))
         else:
             raise _BadRequest('ids must be a list of queue ids or "ALL"')
-        operation = _operation(op)
         results = await self.engine.operate(operation, queue_ids)
         return {"ok": True, "results": results}
 

@@ -362,14 +362,16 @@ class Engine:
 
     # ------------------------------------------------------------------ control
 
-    async def operate(self, op: Operation, queue_ids: Sequence[str] | None) -> dict[str, str]:
+    async def operate(
+        self, op: Operation, queue_ids: Sequence[str] | None, *, queue: str | None = None
+    ) -> dict[str, str]:
         """hold / release / delete / requeue (``qmgrd.daemon.operations``).
 
         An ``InvariantError`` met on the way stops the daemon (and is raised to
         the control socket, which answers ``internal error``).
         """
         try:
-            return await self.operator.operate(op, queue_ids)
+            return await self.operator.operate(op, queue_ids, queue=queue)
         except InvariantError as exc:
             self._fail(exc)
             raise

@@ -60,29 +60,34 @@ class Operator:
         self.enqueue_deferred = enqueue_deferred
         self.settle_timeout = SETTLE_TIMEOUT
 
-    async def operate(self, op: Operation, queue_ids: Sequence[str] | None) -> dict[str, str]:
-        """Apply ``op`` to each id (None = ALL); a result per id."""
+    async def operate(
+        self, op: Operation, queue_ids: Sequence[str] | None, *, queue: str | None = None
+    ) -> dict[str, str]:
+        """Apply ``op`` to each id (None = ALL, or ALL of ``queue``); a result per id."""
         ctx = self.ctx
         op = Operation(op)
+        if queue is not None and queue not in op.sources:
+            raise ValueError(f"{op.value} takes a queue among {', '.join(op.sources)}")
         if queue_ids is None:
-            sources = op.all_sources
+            sources = op.all_sources if queue is None else (queue,)
             listed = await ctx.io.submit(
                 lambda: [q for src in sources if src != "active" for q in ctx.spool.list_ids(src)]
             )
-            held = [] if op is Operation.RELEASE else [
+            in_core = [] if op is Operation.RELEASE or "active" not in sources else [
                 r.queue_id for s in MessageState if s is not MessageState.WAITING
                 for r in ctx.table.in_state(s)
             ]
-            queue_ids = sorted(set(listed) | set(held))
+            queue_ids = sorted(set(listed) | set(in_core))
         results: dict[str, str] = {}
         for queue_id in queue_ids:
-            results[queue_id] = await self._operate_one(op, queue_id)
+            results[queue_id] = await self._operate_one(op, queue_id, queue)
         ctx.kick()
         return results
 
-    async def _operate_one(self, op: Operation, queue_id: str) -> str:
+    async def _operate_one(self, op: Operation, queue_id: str, queue: str | None) -> str:
         ctx = self.ctx
-        sources = tuple(s for s in op.sources if s != "active")  # active/ is the engine's
+        wanted = op.sources if queue is None else (queue,)
+        sources = tuple(s for s in wanted if s != "active")  # active/ is the engine's
         for _ in range(_LOOKS):
             record = ctx.table.find(queue_id)
             if record is None:

@@ -47,7 +47,7 @@ from qmgrd.ops.operation import Operation, OpResult
 from qmgrd.ops.spoolops import operate_file
 from qmgrd.spool import Spool, is_queue_id
 
-__all__ = ["UsageError", "offline_operate", "operate_command", "parse_ids"]
+__all__ = ["UsageError", "offline_operate", "operate_command", "parse_ids", "parse_selection"]
 
 
 class UsageError(ValueError):
@@ -76,20 +76,45 @@ def parse_ids(args: Sequence[str], stdin: TextIO) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
+def parse_selection(
+    op: Operation, args: Sequence[str], stdin: TextIO
+) -> tuple[list[str] | None, str | None]:
+    """``(ids, None)``, ``(None, None)`` for ALL, or ``(None, QUEUE)`` for ``ALL QUEUE``.
+
+    ``ALL QUEUE`` is postsuper's ``-d ALL deferred``: every message of one queue;
+    the queue must be one the operation takes messages from (``op.sources``).
+    """
+    if len(args) == 2 and args[0] == "ALL" and args[1] != "ALL" and not is_queue_id(args[1]):
+        queue = args[1]
+        if queue not in op.sources:
+            raise UsageError(
+                f"{op.value} ALL takes a queue name among {', '.join(op.sources)}, not {queue!r}"
+            )
+        return None, queue
+    return parse_ids(args, stdin), None
+
+
 def offline_operate(
-    spool: Spool, op: Operation, queue_ids: Sequence[str] | None, now: float
+    spool: Spool,
+    op: Operation,
+    queue_ids: Sequence[str] | None,
+    now: float,
+    *,
+    queue: str | None = None,
 ) -> dict[str, str]:
     """Apply ``op`` directly to the spool (no daemon running); a result per id.
 
     Results are ``ok``, ``not found`` or ``error: ...`` (``OpResult``). ALL
     means every message in the operation's source queues (for ``hold``, those
-    not held yet). The file side is ``qmgrd.ops.spoolops``, shared with the
-    daemon.
+    not held yet), or only in ``queue`` when it is given. The file side is
+    ``qmgrd.ops.spoolops``, shared with the daemon.
     """
     op = Operation(op)
+    sources = op.sources if queue is None else (queue,)
     if queue_ids is None:
-        queue_ids = sorted({q for src in op.all_sources for q in spool.list_ids(src)})
-    return {q: operate_file(spool, op, q, op.sources, now) for q in queue_ids}
+        listed = op.all_sources if queue is None else (queue,)
+        queue_ids = sorted({q for src in listed for q in spool.list_ids(src)})
+    return {q: operate_file(spool, op, q, sources, now) for q in queue_ids}
 
 
 def operate_command(
@@ -109,22 +134,22 @@ def operate_command(
     """
     try:
         op = Operation.parse(op)
-        queue_ids = parse_ids(args, stdin)
+        queue_ids, queue = parse_selection(op, args, stdin)
     except ValueError as exc:  # UsageError, or an unknown operation
         err.write(f"qmgrd: fatal: {exc}\n")
         return 2
     if queue_ids == []:
         err.write("qmgrd: warning: no queue ids given\n")
         return 0
-    results = _via_daemon(queue_directory, op, queue_ids)
+    results = _via_daemon(queue_directory, op, queue_ids, queue)
     if results is None:
         spool = Spool(queue_directory)
-        results = offline_operate(spool, op, queue_ids, now)
+        results = offline_operate(spool, op, queue_ids, now, queue=queue)
     return _report(op, results, out=out, err=err)
 
 
 def _via_daemon(
-    queue_directory: Path, op: Operation, queue_ids: list[str] | None
+    queue_directory: Path, op: Operation, queue_ids: list[str] | None, queue: str | None
 ) -> dict[str, str] | None:
     """Results from the daemon, or None when no daemon runs."""
     path = control_socket_path(queue_directory)
@@ -135,7 +160,10 @@ def _via_daemon(
     results: dict[str, str] = {}
     for number, batch in enumerate(batches):
         try:
-            reply = call(path, {"op": op.value, "ids": "ALL" if batch is None else batch})
+            request: dict[str, object] = {"op": op.value, "ids": batch or "ALL"}
+            if queue is not None:
+                request["queue"] = queue
+            reply = call(path, request)
         except DaemonNotRunning:
             if number == 0:
                 return None
