@@ -46,10 +46,17 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from qmgrd.daemon.control_socket import (
+    SOCKET_MODE,
+    SOCKET_NAME,
+    control_socket_path,
+    remove_stale_socket,
+    unix_address,
+)
 from qmgrd.daemon.snapshot import EngineStatus, StatusReply
 from qmgrd.errors import InvariantError, QmgrdError, SpoolError
 from qmgrd.log import get_logger
@@ -71,13 +78,10 @@ __all__ = [
     "unix_address",
 ]
 
-SOCKET_NAME = "qmgrd.sock"
-SOCKET_MODE = 0o660
 MAX_LINE = 64 * 1024  # bytes per request line, newline included
 MAX_IDS = 2000  # queue ids per operation request (a full line holds ~3500)
 CLIENT_TIMEOUT = 30.0  # seconds a client may stay silent before it is hung up on
 MAX_CLIENTS = 64  # concurrent connections; more are answered with an error and closed
-_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 _FIELDS: dict[str, frozenset[str]] = {
     "ping": frozenset(),
@@ -112,34 +116,6 @@ class EngineControl(Protocol):
         """hold/release/delete/requeue (None = ALL, or ALL of ``queue``); a result per id."""
 
 
-def control_socket_path(queue_directory: Path) -> Path:
-    """Where the daemon listens for the CLI: ``<queue_directory>/public/qmgrd.sock``."""
-    return queue_directory / "public" / SOCKET_NAME
-
-
-@contextlib.contextmanager
-def unix_address(path: Path) -> Iterator[str]:
-    """A ``sun_path`` for ``path``, also when ``path`` is longer than the kernel allows.
-
-    Linux limits socket paths to 107 bytes; deep spool directories (and test
-    temporaries) exceed that. A longer path is reached through an open
-    descriptor of its directory, ``/proc/self/fd/N/name``, valid while the
-    context is open (for one bind or connect).
-    """
-    text = str(path)
-    if len(os.fsencode(text)) <= _SUN_PATH_MAX:
-        yield text
-        return
-    try:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SpoolError(f"cannot open {path.parent}: {exc.strerror}") from exc
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
-
-
 class ControlServer:
     """A listening control socket and its client handlers (see the module doc)."""
 
@@ -170,7 +146,7 @@ class ControlServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self) -> None:
-        await _remove_stale_socket(self.path)
+        await remove_stale_socket(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with unix_address(self.path) as address:
@@ -373,40 +349,6 @@ def _op_of(request: Any) -> str:
 def _count_files(spool: Spool) -> dict[str, int]:
     """Files per queue directory (worker thread: a directory scan each)."""
     return {queue: len(spool.list_ids(queue)) for queue in QUEUES}
-
-
-async def _remove_stale_socket(path: Path) -> None:
-    """Unlink a socket left by a dead daemon; refuse one that still answers."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise SpoolError(f"cannot inspect control socket {path}: {exc.strerror}") from exc
-    if not stat.S_ISSOCK(mode):
-        raise SpoolError(f"{path} exists and is not a socket; remove it")
-    if await _answers(path):
-        raise SpoolError(f"another qmgrd answers on {path}; is the daemon already running?")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise SpoolError(f"cannot remove stale control socket {path}: {exc.strerror}") from exc
-
-
-async def _answers(path: Path) -> bool:
-    def probe() -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(1.0)
-            try:
-                with unix_address(path) as address:
-                    sock.connect(address)
-            except OSError:
-                return False
-            return True
-
-    return await asyncio.to_thread(probe)
 
 
 async def start_control_server(

@@ -23,7 +23,8 @@ The parts, one responsibility each, share an ``EngineContext``:
 ``table`` (one checked state per message), ``recovery``, ``loading``,
 ``dispatch``, ``outcomes`` (done marks, reasons, the log line per recipient),
 ``finishing`` (delete, defer, expire), ``notices`` (bounded composition),
-``operations`` (the operator's commands) and ``snapshot`` (status).
+``operations`` (the operator's commands), ``snapshot`` (status) and
+``supervisor`` (the tasks, and what a failure in one means).
 
 Bugs are loud: an ``InvariantError`` (or any exception that escapes one of the
 engine's tasks: every per-message step catches its own failures) stops the
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from qmgrd.core.params import SchedulerParams, TransportParams
@@ -57,6 +58,7 @@ from qmgrd.daemon.outcomes import Recorder
 from qmgrd.daemon.recovery import recover
 from qmgrd.daemon.settings import EngineSettings
 from qmgrd.daemon.snapshot import EngineStatus, take_snapshot
+from qmgrd.daemon.supervisor import TaskSupervisor
 from qmgrd.daemon.table import ActiveMessage, MessageState
 from qmgrd.delivery.agent import Agent
 from qmgrd.errors import InvariantError
@@ -83,8 +85,7 @@ class Engine:
     ) -> None:
         """Collaborators are passed in so tests can hand in fakes (STYLE §9)."""
         self._kick = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._deliveries: set[asyncio.Task[None]] = set()
+        self.tasks = TaskSupervisor(self._kick.set, self._fail)
         self._fatal: BaseException | None = None
         self.ctx = ctx = EngineContext(
             settings=settings,
@@ -95,7 +96,7 @@ class Engine:
             agents=dict(agents),
             clock=clock,
             io=io or IoBatcher(),
-            spawn=self._spawn,
+            spawn=self.tasks.spawn,
             kick=self._kick.set,
         )
         self.log = ctx.log
@@ -182,7 +183,7 @@ class Engine:
 
     def request_incoming_scan(self) -> None:
         """Look at ``incoming/`` again (files dropped there by hand or by ``requeue``)."""
-        self._spawn(self.loader.scan_incoming())
+        self.tasks.spawn(self.loader.scan_incoming())
 
     def flush(self) -> None:
         """``postqueue -f``: forget dead destinations and retry every deferred message now."""
@@ -195,8 +196,7 @@ class Engine:
         return (
             self.ctx.scheduler.message_count == 0
             and len(self.ctx.table) == 0
-            and not self._tasks
-            and not self._deliveries
+            and not self.tasks.busy
             and not self.loader.rescan_due
         )
 
@@ -292,44 +292,10 @@ class Engine:
                 await self._kick.wait()
 
     async def _shutdown(self) -> None:
-        if self._deliveries:
-            _done, pending = await asyncio.wait(
-                set(self._deliveries), timeout=self.ctx.settings.shutdown_timeout
-            )
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
-                self.log.warning(
-                    "deliveries cancelled at shutdown; their recipients stay queued",
-                    count=len(pending),
-                )
-        if self._tasks:
-            _done, pending = await asyncio.wait(
-                set(self._tasks), timeout=self.ctx.settings.shutdown_timeout
-            )
-            for task in pending:  # a finish waiting on a stuck notice: active/ keeps it
-                task.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+        await self.tasks.shutdown(self.ctx.settings.shutdown_timeout, self.log)
         await self.ctx.io.wait_idle()
         self.composer.close()
         await close_agents(self.ctx.agents.values(), self.log)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None], *, delivery: bool = False) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        bucket = self._deliveries if delivery else self._tasks
-        bucket.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._deliveries.discard(task)
-        if not task.cancelled():
-            exc = task.exception()
-            if exc is not None:  # every per-message step handles its own failures: a bug
-                self._fail(exc)
-        self._kick.set()
 
     # ------------------------------------------------------------------ one pass
 
@@ -340,11 +306,11 @@ class Engine:
         for record in ctx.table.in_state(MessageState.RETRY):
             if record.retry_at <= now:
                 ctx.table.move(record, MessageState.FINISHING)
-                self._spawn(self.finisher.finish(record))
+                self.tasks.spawn(self.finisher.finish(record))
         if self._deferred_scan_due <= now and not self.loader.deferred_scan_running:
             self._deferred_scan_due = now + ctx.settings.queue_run_delay
             self.loader.deferred_scan_running = True
-            self._spawn(self.loader.scan_deferred(now, flush=self._flush_next_scan))
+            self.tasks.spawn(self.loader.scan_deferred(now, flush=self._flush_next_scan))
             self._flush_next_scan = False
         self._apply_events(now)
         self.loader.feed(now)
@@ -421,8 +387,8 @@ class Engine:
         ctx.scheduler.update_params(scheduler_params, transport_params)
         old_agents = list(ctx.agents.values())
         ctx.agents = dict(agents)
-        in_flight = set(self._deliveries)
-        self._spawn(self._close_agents_after(old_agents, in_flight))
+        in_flight = set(self.tasks.deliveries)
+        self.tasks.spawn(self._close_agents_after(old_agents, in_flight))
         self.log.info("configuration reloaded")
         self._kick.set()
 

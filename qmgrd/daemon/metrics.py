@@ -22,15 +22,15 @@ its enhanced status code (RFC 3463), ``4.4.x`` for "4.4.1 connection
 refused", so the label has at most 3 x 8 values plus ``other``.
 
 The endpoint is a minimal HTTP/1.0 server on the daemon's own loop
-(:func:`start_metrics_server`): ``GET /metrics`` (and HEAD), one request per
-connection. Spool directory counting runs in a worker thread; the engine
-snapshot is taken on the loop, where the engine's structures live.
+(:func:`start_metrics_server`, in ``qmgrd.daemon.metrics_http`` and
+re-exported here): ``GET /metrics`` (and HEAD), one request per connection.
+Spool directory counting runs in a worker thread; the engine snapshot is
+taken on the loop, where the engine's structures live.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -38,12 +38,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
 from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
 from qmgrd.errors import InvariantError
-from qmgrd.log import get_logger
 
 __all__ = [
     "SPOOL_QUEUES",
@@ -70,8 +70,6 @@ DELAY_BUCKETS = (
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 _DSN = re.compile(r"([245])\.(\d{1,3})\.\d{1,3}")
-_REQUEST_TIMEOUT = 10.0
-_MAX_REQUEST = 8192
 
 
 def reason_class(dsn: str) -> str:
@@ -312,125 +310,3 @@ def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
     for _todo, name, dest in dead_ranked[:top]:
         d_dead.add_metric((name, dest), 1)
     yield from (t_busy, t_dead, t_dests, t_dead_dests, d_window, d_busy, d_todo, d_dead)
-
-
-# ---------------------------------------------------------------------- HTTP endpoint
-
-
-class MetricsServer:
-    """A running endpoint: ``port`` (the bound one), ``close()``, ``await wait_closed()``."""
-
-    def __init__(self, server: asyncio.Server) -> None:
-        """Wraps the asyncio server returned by ``start_server``."""
-        self._server = server
-
-    @property
-    def sockets(self) -> tuple[tuple[str, int], ...]:
-        """The bound (host, port) pairs."""
-        return tuple(s.getsockname()[:2] for s in self._server.sockets)
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when started on port 0)."""
-        return self.sockets[0][1]
-
-    def close(self) -> None:
-        """Stop accepting scrapes."""
-        self._server.close()
-
-    async def wait_closed(self) -> None:
-        """Wait until the listening socket is closed."""
-        await self._server.wait_closed()
-
-    async def aclose(self) -> None:
-        """``close()`` then ``wait_closed()``."""
-        self.close()
-        await self.wait_closed()
-
-
-async def start_metrics_server(host: str, port: int, metrics: Metrics) -> MetricsServer:
-    """Listen on ``host:port`` and serve ``GET /metrics`` from ``metrics`` on this loop.
-
-    Raises OSError if the address cannot be bound (the caller turns it into
-    a ConfigError naming ``metrics_listen``).
-    """
-    log = get_logger("master")
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await asyncio.wait_for(_serve_one(reader, writer, metrics), _REQUEST_TIMEOUT)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception as exc:  # a broken status_fn must not kill the endpoint
-            log.error("metrics scrape failed", error=repr(exc))
-            with contextlib.suppress(ConnectionError):
-                await _respond(writer, 500, b"internal error\n", "text/plain; charset=utf-8")
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    server = await asyncio.start_server(handle, host, port, limit=_MAX_REQUEST)
-    handle_ = MetricsServer(server)
-    log.info("metrics endpoint listening", address=_fmt_address(handle_.sockets[0]))
-    return handle_
-
-
-def _fmt_address(addr: tuple[str, int]) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def _serve_one(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, metrics: Metrics
-) -> None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
-        await _respond(writer, 431, b"request too large\n", "text/plain; charset=utf-8")
-        return
-    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = request_line.split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        await _respond(writer, 400, b"bad request\n", "text/plain; charset=utf-8")
-        return
-    method, target = parts[0], parts[1].split("?", 1)[0]
-    if method not in ("GET", "HEAD"):
-        await _respond(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8")
-        return
-    if target == "/metrics":
-        body = await metrics.render()
-        await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
-    elif target == "/":
-        page = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
-        await _respond(writer, 200, page, "text/html; charset=utf-8", head_only=method == "HEAD")
-    else:
-        await _respond(writer, 404, b"not found\n", "text/plain; charset=utf-8")
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-}
-
-
-async def _respond(
-    writer: asyncio.StreamWriter,
-    code: int,
-    body: bytes,
-    content_type: str,
-    *,
-    head_only: bool = False,
-) -> None:
-    header = (
-        f"HTTP/1.0 {code} {_REASONS[code]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode()
-    writer.write(header if head_only else header + body)
-    await writer.drain()
