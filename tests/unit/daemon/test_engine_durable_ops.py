@@ -9,7 +9,6 @@ from pathlib import Path
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_engine
 from qmgrd.daemon.clock import FakeClock
-from qmgrd.daemon.engine import Engine
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
 from qmgrd.ops.operation import Operation
 from qmgrd.spool import Spool
@@ -43,12 +42,16 @@ class NeverAgent:
         """Nothing to release."""
 
 
-def _restart(tmp_path: Path, agent: FakeAgent) -> tuple[Engine, Spool]:
-    """A new engine on the same configuration and spool (the daemon after a restart)."""
+async def _restart(tmp_path: Path) -> tuple[FakeAgent, Spool]:
+    """A new engine on the same configuration and spool (the daemon after a restart), run
+    until idle and stopped; its agent and spool."""
+    agent = FakeAgent()
     cfg = load_config(tmp_path / "conf", hostname="mx.test")
     spool = Spool(tmp_path / "spool", fsync=False)
     engine = create_engine(cfg, spool=spool, clock=FakeClock(), agents={"smtp": agent})
-    return engine, spool
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    return agent, spool
 
 
 async def _operate_then_crash(tmp_path: Path, op: Operation) -> str:
@@ -69,10 +72,7 @@ async def _operate_then_crash(tmp_path: Path, op: Operation) -> str:
 async def test_delete_of_an_active_message_survives_a_restart(tmp_path: Path) -> None:
     """delete answered 'pending', then a restart before the delivery ended: nothing is sent."""
     qid = await _operate_then_crash(tmp_path, Operation.DELETE)
-    agent = FakeAgent()
-    engine, spool = _restart(tmp_path, agent)
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    agent, spool = await _restart(tmp_path)
     assert agent.delivered == []
     for queue in ("incoming", "active", "deferred", "hold", "defer", "bounce"):
         assert qid not in spool.list_ids(queue), queue
@@ -81,10 +81,7 @@ async def test_delete_of_an_active_message_survives_a_restart(tmp_path: Path) ->
 async def test_hold_of_an_active_message_survives_a_restart(tmp_path: Path) -> None:
     """hold answered 'pending', then a restart: the message is in hold/, not delivered."""
     qid = await _operate_then_crash(tmp_path, Operation.HOLD)
-    agent = FakeAgent()
-    engine, spool = _restart(tmp_path, agent)
-    task = await _run_until_idle(engine)
-    await _stop(engine, task)
+    agent, spool = await _restart(tmp_path)
     assert agent.delivered == []
     assert spool.list_ids("hold") == [qid] and spool.list_ids("active") == []
     remaining = spool.open("hold", qid).read_all_recipients()
@@ -105,10 +102,7 @@ async def test_delete_after_hold_of_an_active_message_removes_both(tmp_path: Pat
     assert spool.list_ids("hold") == []
     engine.stop()
     await asyncio.wait_for(task, TIMEOUT)
-    agent = FakeAgent()
-    engine2, spool2 = _restart(tmp_path, agent)
-    task2 = await _run_until_idle(engine2)
-    await _stop(engine2, task2)
+    agent, spool2 = await _restart(tmp_path)
     assert agent.delivered == []
     for queue in ("incoming", "active", "deferred", "hold"):
         assert spool2.list_ids(queue) == [], queue
