@@ -40,7 +40,9 @@ def _reason(address: str) -> ReasonRecord:
     return ReasonRecord(address, "4.4.1", "delayed", "connection refused", NOW)
 
 
-def _run(spool: Spool, op: Operation | str, args: list[str], stdin: str = "") -> tuple[int, str, str]:
+def _run(
+    spool: Spool, op: Operation | str, args: list[str], stdin: str = ""
+) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = operate_command(
         spool.root, op, args, stdin=io.StringIO(stdin), out=out, err=err, now=NOW
