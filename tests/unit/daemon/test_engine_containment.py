@@ -14,6 +14,7 @@ from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.table import MessageState
 from qmgrd.delivery.agent import Outcome
 from qmgrd.ops.operation import Operation
+from qmgrd.spool import QueueFile
 
 from .test_engine import FakeAgent, Verdict, _engine, _run_until_idle, _stop, _submit
 
@@ -218,3 +219,51 @@ async def test_a_resolver_failure_defers_only_that_message(
     assert spool.list_ids("deferred") == [evil]
     [reason] = spool.read_reasons("defer", evil)
     assert reason.dsn == "4.3.0" and "cannot resolve recipients" in reason.reason
+
+
+async def test_a_parser_exception_quarantines_only_that_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception parsing one queue file sends it to corrupt/; the rest flows."""
+    agent = FakeAgent()
+    engine, spool, clock = _engine(tmp_path, agent)
+    bad = _submit(spool, clock, "s@src.test", ["x@a.test"])
+    good = _submit(spool, clock, "s@src.test", ["y@a.test"])
+    real = QueueFile.open
+
+    def open_(path: Path) -> QueueFile:
+        if path.name == bad:
+            raise IndexError("parser bug")
+        return real(path)
+
+    monkeypatch.setattr(QueueFile, "open", staticmethod(open_))
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    assert agent.delivered == [(good, "y@a.test")]
+    assert spool.list_ids("corrupt") == [bad]
+
+
+async def test_a_reader_exception_defers_only_that_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception reading one message's recipients defers it with 4.3.0."""
+    agent = FakeAgent()
+    engine, spool, clock = _engine(tmp_path, agent)
+    bad = _submit(spool, clock, "s@src.test", ["x@a.test"])
+    good = _submit(spool, clock, "s@src.test", ["y@a.test"])
+    real = QueueFile.read_recipients
+    calls: list[int] = []
+
+    def read(self: QueueFile, offset: int, limit: int) -> Any:
+        if self.path.name == bad and not calls:
+            calls.append(1)
+            raise MemoryError("reader bug")
+        return real(self, offset, limit)
+
+    monkeypatch.setattr(QueueFile, "read_recipients", read)
+    task = await _run_until_idle(engine)
+    await _stop(engine, task)
+    assert agent.delivered == [(good, "y@a.test")]
+    assert spool.list_ids("deferred") == [bad]
+    [reason] = spool.read_reasons("defer", bad)
+    assert reason.dsn == "4.3.0" and "cannot read recipients" in reason.reason

@@ -9,7 +9,8 @@ from pathlib import Path
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_engine
 from qmgrd.daemon.clock import FakeClock
-from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
+from qmgrd.daemon.engine import Engine
+from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult, Outcome, RecipientResult
 from qmgrd.ops.operation import Operation
 from qmgrd.spool import Spool
 
@@ -106,3 +107,71 @@ async def test_delete_after_hold_of_an_active_message_removes_both(tmp_path: Pat
     assert agent.delivered == []
     for queue in ("incoming", "active", "deferred", "hold"):
         assert spool2.list_ids(queue) == [], queue
+
+
+async def _in_delivery(tmp_path: Path) -> tuple[Engine, Spool, NeverAgent, str, asyncio.Task[None]]:
+    """An engine whose one message has a delivery in flight that never ends by itself."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
+    stalled = NeverAgent()
+    engine.agents = {"smtp": stalled}
+    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
+    task = asyncio.create_task(engine.run())
+    await asyncio.wait_for(stalled.started.wait(), TIMEOUT)
+    return engine, spool, stalled, qid, task
+
+
+@dataclass
+class GatedAgent:
+    """Starts deliveries and reports them sent once ``gate`` opens."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    delivered: list[str] = field(default_factory=list)
+
+    async def deliver(self, request: DeliveryRequest) -> DeliveryResult:
+        """Wait for the gate, then report every recipient sent."""
+        self.started.set()
+        await self.gate.wait()
+        self.delivered.extend(r.address for r in request.recipients)
+        return DeliveryResult(
+            tuple(RecipientResult(r, Outcome.SENT, "2.0.0", "250 ok") for r in request.recipients)
+        )
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+async def test_requeue_and_release_of_an_active_message(tmp_path: Path) -> None:
+    """In delivery: release is 'not found', requeue is pending and ends with the rest delivered
+    after a trip through incoming/."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
+    agent = GatedAgent()
+    engine.agents = {"smtp": agent}
+    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
+    task = asyncio.create_task(engine.run())
+    await asyncio.wait_for(agent.started.wait(), TIMEOUT)
+    assert await engine.operate(Operation.RELEASE, [qid]) == {qid: "not found"}
+    assert await engine.operate(Operation.REQUEUE, [qid]) == {qid: "pending"}
+    assert await engine.operate(Operation.REQUEUE, [qid]) == {qid: "pending"}  # idempotent
+    agent.gate.set()
+    await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
+    await _stop(engine, task)
+    assert sorted(agent.delivered) == ["one@a.test", "two@a.test"]
+    assert engine.stats.messages_loaded == 2  # loaded again after the requeue
+    for queue in ("incoming", "active", "deferred", "hold"):
+        assert spool.list_ids(queue) == [], queue
+
+
+async def test_hold_that_cannot_be_written_is_an_error_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A hold/ entry of another file with the same id: the hold is refused with the reason."""
+    engine, spool, _stalled, qid, task = await _in_delivery(tmp_path)
+    spool.path("hold", qid).write_bytes(b"someone else's file")
+    result = await engine.operate(Operation.HOLD, [qid])
+    assert result[qid].startswith("error: cannot hold") and "exists" in result[qid]
+    record = engine.ctx.table.find(qid)
+    assert record is not None and record.op is None
+    engine.stop()
+    await asyncio.wait_for(task, TIMEOUT)
+    assert spool.list_ids("active") == [qid]
