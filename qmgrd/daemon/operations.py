@@ -98,7 +98,9 @@ class Operator:
                 break
             if state in (MessageState.LOADING, MessageState.FINISHING):
                 try:
-                    await asyncio.wait_for(record.settled.wait(), self.settle_timeout)
+                    await asyncio.wait_for(
+                        ctx.table.settled(record).wait(), self.settle_timeout
+                    )
                 except TimeoutError:
                     return OpResult.error("the message is busy; try again")
                 continue

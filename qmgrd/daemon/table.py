@@ -28,8 +28,9 @@ Allowed moves (anything else raises :class:`InvariantError` naming the state)::
 ``done`` disposes of a message and ``find`` may return None. The waiting
 messages keep their arrival order per source queue; ``next_waiting`` gives
 the next one to load, alternating incoming and deferred as Postfix does.
-``settled(queue_id)`` is an event set whenever the message is neither
-LOADING nor FINISHING (operator operations wait on it, bounded).
+``settled(record)`` is an event set whenever the message is neither
+LOADING nor FINISHING (operator operations wait on it, bounded); it is made
+only when someone waits, so a big load queue costs no event per message.
 
 An operator operation that arrives while a message is IN_CORE is kept on the
 record (``op``); the finisher applies it when the message's pass ends.
@@ -108,7 +109,7 @@ class Tracked:
     active: ActiveMessage | None = None  # set from IN_CORE on
     retry_at: float = 0.0  # RETRY: when the finish runs again
     failures: int = 0  # finishes that failed in a row (backoff)
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    waiter: asyncio.Event | None = None  # made by ``settled`` only when someone waits
 
 
 class MessageTable:
@@ -119,6 +120,7 @@ class MessageTable:
         self._records: dict[str, Tracked] = {}
         self._waiting: dict[Source, deque[str]] = {"incoming": deque(), "deferred": deque()}
         self._prefer_incoming = True
+        self._retry: dict[str, Tracked] = {}  # RETRY records: every pass looks at them
         self.loading = 0  # records in LOADING (cheap for the feed's limit check)
 
     # ------------------------------------------------------------------ queries
@@ -137,6 +139,8 @@ class MessageTable:
 
     def in_state(self, state: MessageState) -> Iterator[Tracked]:
         """The records in ``state`` (a snapshot: the table may change while iterating)."""
+        if state is MessageState.RETRY:
+            return iter(list(self._retry.values()))
         return iter([r for r in self._records.values() if r.state is state])
 
     @property
@@ -146,8 +150,9 @@ class MessageTable:
 
     def next_retry(self) -> float | None:
         """The earliest ``retry_at`` of a RETRY record, or None."""
-        times = [r.retry_at for r in self._records.values() if r.state is MessageState.RETRY]
-        return min(times) if times else None
+        if not self._retry:
+            return None
+        return min(r.retry_at for r in self._retry.values())
 
     # ------------------------------------------------------------------ moves
 
@@ -160,7 +165,6 @@ class MessageTable:
         state = MessageState.WAITING if waiting else MessageState.LOADING
         record = Tracked(queue_id, state, source)
         self._records[queue_id] = record
-        self._settle(record)
         if waiting:
             self._waiting[source].append(queue_id)
         else:
@@ -172,8 +176,12 @@ class MessageTable:
         self._check(record, state)
         if record.state is MessageState.LOADING:
             self.loading -= 1
+        elif record.state is MessageState.RETRY:
+            del self._retry[record.queue_id]
         if state is MessageState.LOADING:
             self.loading += 1
+        elif state is MessageState.RETRY:
+            self._retry[record.queue_id] = record
         record.state = state
         self._settle(record)
 
@@ -184,8 +192,11 @@ class MessageTable:
             self._waiting[record.source].remove(record.queue_id)
         elif record.state is MessageState.LOADING:
             self.loading -= 1
+        elif record.state is MessageState.RETRY:
+            del self._retry[record.queue_id]
         del self._records[record.queue_id]
-        record.settled.set()
+        if record.waiter is not None:
+            record.waiter.set()
 
     def next_waiting(self, room: bool) -> Tracked | None:
         """The next WAITING message to load (incoming and deferred alternate), now LOADING.
@@ -220,12 +231,21 @@ class MessageTable:
                 f"{record.queue_id}: illegal move from {record.state.value} to {target}"
             )
 
+    def settled(self, record: Tracked) -> asyncio.Event:
+        """An event set while ``record`` is neither LOADING nor FINISHING (or gone)."""
+        if record.waiter is None:
+            record.waiter = asyncio.Event()
+            self._settle(record)
+        return record.waiter
+
     @staticmethod
     def _settle(record: Tracked) -> None:
+        if record.waiter is None:
+            return
         if record.state in (MessageState.LOADING, MessageState.FINISHING):
-            record.settled.clear()
+            record.waiter.clear()
         else:
-            record.settled.set()
+            record.waiter.set()
 
 
 def active_of(message: Message) -> ActiveMessage:
