@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from qmgrd.daemon.control import control_socket_path
+from qmgrd.daemon.control_socket import control_socket_path
 from qmgrd.daemon.snapshot import StatusReply, TransportStatus
 from qmgrd.ops.client import call
 
