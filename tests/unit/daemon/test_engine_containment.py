@@ -11,6 +11,7 @@ import pytest
 
 from qmgrd.core.resolve import Resolved, Resolver
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.notices import COMPOSE_MAX_THREADS, PoolBusy, ThreadPool
 from qmgrd.daemon.table import MessageState
 from qmgrd.delivery.agent import Outcome
 from qmgrd.ops.operation import Operation
@@ -67,6 +68,7 @@ async def test_a_hanging_composer_times_out_and_stop_completes(tmp_path: Path) -
 
     engine.composer.compose_full = hang
     engine.composer.timeout = 0.2
+    engine.composer.queue_timeout = 0.5
     try:
         for _ in range(3):
             _submit(spool, clock, "sender@src.test", ["bad@a.test"])
@@ -75,7 +77,7 @@ async def test_a_hanging_composer_times_out_and_stop_completes(tmp_path: Path) -
         assert len(_notices(agent)) == 3
         assert all(b"could not be attached" in n for n in _notices(agent))
         assert (good, "ok@b.test") in agent.delivered
-        assert len(calls) <= 2  # two pool threads hang; the rest found the pool busy
+        assert len(calls) <= COMPOSE_MAX_THREADS  # stuck threads are bounded
         await asyncio.wait_for(_stop(engine, task), 5)
     finally:
         never.set()
@@ -267,3 +269,32 @@ async def test_a_reader_exception_defers_only_that_message(
     assert spool.list_ids("deferred") == [bad]
     [reason] = spool.read_reasons("defer", bad)
     assert reason.dsn == "4.3.0" and "cannot read recipients" in reason.reason
+
+
+async def test_the_notice_pool_writes_off_stuck_threads_and_then_refuses_at_once() -> None:
+    """A stuck job's thread is replaced up to max_threads; then submit fails immediately."""
+    pool = ThreadPool(workers=1, max_threads=2, backlog=8)
+    release = threading.Event()
+
+    def stuck() -> bytes:
+        release.wait(TIMEOUT)
+        return b"late"
+
+    try:
+        first = pool.submit(stuck)
+        await asyncio.wait_for(asyncio.shield(first.started), TIMEOUT)
+        waiting = pool.submit(lambda: b"ok")  # queued behind the stuck job
+        pool.abandon(first)  # a replacement thread takes the waiting job
+        assert await asyncio.wait_for(asyncio.shield(waiting.result), TIMEOUT) == b"ok"
+        second = pool.submit(stuck)
+        await asyncio.wait_for(asyncio.shield(second.started), TIMEOUT)
+        queued = pool.submit(lambda: b"never")
+        pool.abandon(second)
+        assert pool.jammed
+        with pytest.raises(PoolBusy):
+            await queued.started  # failed at once: nobody would ever take it
+        refused = pool.submit(lambda: b"never")
+        with pytest.raises(PoolBusy):
+            await refused.started
+    finally:
+        release.set()
