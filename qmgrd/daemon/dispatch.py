@@ -76,6 +76,7 @@ class Dispatcher:
             if record.op is not None:
                 # Held, deleted or requeued by the operator: hand nothing more out; the
                 # recipients stay R (a "crash" gives no feedback and marks nothing).
+                active_of(entry.message).deferred = True  # never "all done" with R left
                 ctx.scheduler.entry_done(entry, crashed=True, now=now)
                 continue
             agent = ctx.agents.get(entry.transport)

@@ -20,7 +20,9 @@ table:
 - RETRY (its finish failed; nothing in flight): applied to the file in
   ``active/`` now -> ``ok``.
 
-``release`` only takes messages from ``hold/``. Every failure is answered
+``release`` takes messages from ``hold/``; a hold made while the message is
+being delivered is undone at once and the pass ends with a requeue
+(``pending``). Every failure is answered
 ``error: TEXT`` and logged with the queue id.
 
 ``flush_destination(domain)`` (``postqueue -s``) and ``flush_message(id)``
@@ -36,7 +38,7 @@ from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import MessageState
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation, OpResult
-from qmgrd.ops.spoolops import mark_in_core, operate_file
+from qmgrd.ops.spoolops import mark_in_core, operate_file, unhold_in_core
 
 __all__ = ["Operator"]
 
@@ -105,6 +107,8 @@ class Operator:
                     return OpResult.error("the message is busy; try again")
                 continue
             if op is Operation.RELEASE:
+                if state is MessageState.IN_CORE and record.op is Operation.HOLD:
+                    return await self._unhold(queue_id)
                 return OpResult.NOT_FOUND  # an active message is not on hold
             if state is MessageState.IN_CORE:
                 return await self._mark(record.queue_id, op)
@@ -132,6 +136,23 @@ class Operator:
             return OpResult.error(str(exc))
         if record.state is MessageState.IN_CORE:
             record.op = op
+        ctx.kick()
+        return OpResult.PENDING
+
+    async def _unhold(self, queue_id: str) -> str:
+        """release of a hold made during a delivery: the link goes, the pass ends requeued."""
+        ctx = self.ctx
+        try:
+            await ctx.io.submit(lambda: unhold_in_core(ctx.spool, queue_id))
+        except (OSError, SpoolError) as exc:
+            ctx.log.error("operation failed", queue_id=queue_id, op="release", error=str(exc))
+            return OpResult.error(str(exc))
+        record = ctx.table.find(queue_id)
+        if record is not None and record.op is Operation.HOLD:
+            # Entries were already withheld from delivery: the pass ends with a requeue, so
+            # every recipient left is tried again at once (never forgotten as done).
+            record.op = Operation.REQUEUE
+        ctx.log.info(Operation.RELEASE.log, queue_id=queue_id)
         ctx.kick()
         return OpResult.PENDING
 

@@ -26,7 +26,8 @@ finishes the job when the pass ends:
   ``hold`` hard-links the file into ``hold/`` (the same inode: done marks made
   by the deliveries in flight show in the held file), so a restart finds it
   held. ``requeue`` needs nothing on disk: a restart requeues every active
-  message anyway.
+  message anyway. A later operation replaces a hold (the link goes);
+  ``unhold_in_core`` is ``release`` of such a hold.
 - ``settle_in_core(spool, op, queue_id, now)``: when the pass ends, removes
   the ``active/`` name (hold, delete) or moves it to ``incoming/`` (requeue).
 - ``recover_held(spool) -> int``: at start-up, before ``active/`` is
@@ -44,7 +45,7 @@ from qmgrd.errors import SpoolError
 from qmgrd.ops.operation import Operation, OpResult
 from qmgrd.spool import QueueFile, Spool, mark_done
 
-__all__ = ["mark_in_core", "operate_file", "recover_held", "settle_in_core"]
+__all__ = ["mark_in_core", "operate_file", "recover_held", "settle_in_core", "unhold_in_core"]
 
 
 def operate_file(
@@ -96,15 +97,14 @@ def remove_reasons(spool: Spool, queue_id: str) -> None:
 def mark_in_core(spool: Spool, op: Operation, queue_id: str) -> None:
     """Make ``op`` on a message being delivered durable now (see the module doc)."""
     active = spool.path("active", queue_id)
+    if op is not Operation.HOLD:
+        unhold_in_core(spool, queue_id)  # held first, then something else: the hold goes
     if op is Operation.DELETE:
         qf = QueueFile.open(active)
         offsets = [r.offset for r in qf.read_all_recipients()]
         if offsets:
             mark_done(active, offsets)
         remove_reasons(spool, queue_id)
-        held = spool.path("hold", queue_id)
-        if _same_file(active, held):  # held first, then deleted: the hold goes too
-            spool.remove("hold", queue_id)
     elif op is Operation.HOLD:
         held = spool.path("hold", queue_id)
         try:
@@ -116,6 +116,17 @@ def mark_in_core(spool: Spool, op: Operation, queue_id: str) -> None:
             raise SpoolError(f"cannot hold {queue_id}: {exc.strerror}") from exc
         if spool.fsync:
             _fsync_dir(held.parent)
+
+
+def unhold_in_core(spool: Spool, queue_id: str) -> bool:
+    """Undo a durable hold of a message being delivered (its ``hold/`` link); whether one was."""
+    active, held = spool.path("active", queue_id), spool.path("hold", queue_id)
+    if not _same_file(active, held):
+        return False
+    spool.remove("hold", queue_id)
+    if spool.fsync:
+        _fsync_dir(held.parent)
+    return True
 
 
 def settle_in_core(spool: Spool, op: Operation, queue_id: str, now: float) -> None:
