@@ -20,9 +20,8 @@ table:
 - RETRY (its finish failed; nothing in flight): applied to the file in
   ``active/`` now -> ``ok``.
 
-``release`` takes messages from ``hold/``; a hold made while the message is
-being delivered is undone at once and the pass ends with a requeue
-(``pending``). Every failure is answered
+``release`` only takes messages from ``hold/``: a message whose hold waits
+for its delivery to end is not on hold yet (``not found``, as before). Every failure is answered
 ``error: TEXT`` and logged with the queue id.
 
 ``flush_destination(domain)`` (``postqueue -s``) and ``flush_message(id)``
@@ -38,7 +37,7 @@ from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import MessageState
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation, OpResult
-from qmgrd.ops.spoolops import mark_in_core, operate_file, unhold_in_core
+from qmgrd.ops.spoolops import mark_in_core, operate_file
 
 __all__ = ["Operator"]
 
@@ -107,9 +106,7 @@ class Operator:
                     return OpResult.error("the message is busy; try again")
                 continue
             if op is Operation.RELEASE:
-                if state is MessageState.IN_CORE and record.op is Operation.HOLD:
-                    return await self._unhold(queue_id)
-                return OpResult.NOT_FOUND  # an active message is not on hold
+                return OpResult.NOT_FOUND  # not on hold yet: its hold completes with the pass
             if state is MessageState.IN_CORE:
                 return await self._mark(record.queue_id, op)
             ctx.table.done(record)  # RETRY: nothing in flight, the file is in active/
@@ -136,23 +133,6 @@ class Operator:
             return OpResult.error(str(exc))
         if record.state is MessageState.IN_CORE:
             record.op = op
-        ctx.kick()
-        return OpResult.PENDING
-
-    async def _unhold(self, queue_id: str) -> str:
-        """release of a hold made during a delivery: the link goes, the pass ends requeued."""
-        ctx = self.ctx
-        try:
-            await ctx.io.submit(lambda: unhold_in_core(ctx.spool, queue_id))
-        except (OSError, SpoolError) as exc:
-            ctx.log.error("operation failed", queue_id=queue_id, op="release", error=str(exc))
-            return OpResult.error(str(exc))
-        record = ctx.table.find(queue_id)
-        if record is not None and record.op is Operation.HOLD:
-            # Entries were already withheld from delivery: the pass ends with a requeue, so
-            # every recipient left is tried again at once (never forgotten as done).
-            record.op = Operation.REQUEUE
-        ctx.log.info(Operation.RELEASE.log, queue_id=queue_id)
         ctx.kick()
         return OpResult.PENDING
 

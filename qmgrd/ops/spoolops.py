@@ -26,8 +26,8 @@ finishes the job when the pass ends:
   ``hold`` hard-links the file into ``hold/`` (the same inode: done marks made
   by the deliveries in flight show in the held file), so a restart finds it
   held. ``requeue`` needs nothing on disk: a restart requeues every active
-  message anyway. A later operation replaces a hold (the link goes);
-  ``unhold_in_core`` is ``release`` of such a hold.
+  message anyway. A later delete or requeue replaces a hold (the link goes,
+  ``unhold_in_core``).
 - ``settle_in_core(spool, op, queue_id, now)``: when the pass ends, removes
   the ``active/`` name (hold, delete) or moves it to ``incoming/`` (requeue).
 - ``recover_held(spool) -> int``: at start-up, before ``active/`` is

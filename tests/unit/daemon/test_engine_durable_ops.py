@@ -177,26 +177,6 @@ async def test_hold_that_cannot_be_written_is_an_error_and_changes_nothing(
     assert spool.list_ids("active") == [qid]
 
 
-async def test_release_of_a_hold_made_during_delivery(tmp_path: Path) -> None:
-    """hold then release while a delivery runs: the hold link goes and every recipient is sent."""
-    engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
-    agent = GatedAgent()
-    engine.agents = {"smtp": agent}
-    qid = _submit(spool, clock, "s@src.test", ["one@a.test", "two@a.test"])
-    task = asyncio.create_task(engine.run())
-    await asyncio.wait_for(agent.started.wait(), TIMEOUT)
-    assert await engine.operate(Operation.HOLD, [qid]) == {qid: "pending"}
-    assert spool.list_ids("hold") == [qid]
-    assert await engine.operate(Operation.RELEASE, [qid]) == {qid: "pending"}
-    assert spool.list_ids("hold") == []
-    agent.gate.set()
-    await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
-    await _stop(engine, task)
-    assert sorted(agent.delivered) == ["one@a.test", "two@a.test"]
-    for queue in ("incoming", "active", "deferred", "hold"):
-        assert spool.list_ids(queue) == [], queue
-
-
 async def test_requeue_after_hold_during_delivery_drops_the_hold(tmp_path: Path) -> None:
     """hold then requeue while a delivery runs: the message is not left in hold/ as well."""
     engine, spool, clock = _engine(tmp_path, FakeAgent(), _ONE_AT_A_TIME)
