@@ -147,7 +147,7 @@ class Daemon:
         self.metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(self.spool.root))
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
         self.engine.metrics = self.metrics
-        self.metrics.status_fn = self.engine.status
+        self.metrics.status_fn = self.engine.snapshot
         self.control: ControlServer | None = None
         self.listener: ListenerHandle | None = None
         self._task: asyncio.Task[None] | None = None

@@ -18,15 +18,17 @@ Protocol: one JSON object per line each way. Requests::
     {"op": "flush", "queue_id": "ID"}               -> {"ok": true, "found": bool}
     {"op": "scan"}                                  -> {"ok": true}
     {"op": "status"}                                -> {"ok": true, "pid": N, "queue_files":
-                                                        {"incoming": N, ...}, ...engine.status()}
-    {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"}
+                                                        {"incoming": N, ...},
+                                                        ...EngineStatus.to_json()}
+    {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"[, "queue": Q]}
                                                     -> {"ok": true, "results": {ID: result}}
 
-A result is ``"ok"``, ``"not found"``, ``"pending"`` (the message is being
-delivered; the engine applies the operation when that pass ends) or
-``"error: ..."``. Any request the server cannot honour gets
-``{"ok": false, "error": "one line"}`` and the connection stays usable; a
-line longer than ``max_line`` bytes, or a client silent for
+The operation names and results are ``qmgrd.ops.operation.Operation`` and
+``OpResult``: ``"ok"``, ``"not found"``, ``"pending"`` (the message is being
+delivered; the operation is already on disk, so a restart honours it, and the
+engine completes it when that pass ends) or ``"error: ..."``. Any request
+the server cannot honour gets ``{"ok": false, "error": "one line"}`` and
+the connection stays usable; a line longer than ``max_line`` bytes, or a client silent for
 ``client_timeout`` seconds, gets its connection closed. Nothing a client
 sends can stop the daemon: an unexpected exception from the engine is logged
 and answered as ``internal error``.
@@ -44,12 +46,21 @@ import json
 import os
 import socket
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from qmgrd.daemon.control_socket import (
+    SOCKET_MODE,
+    SOCKET_NAME,
+    control_socket_path,
+    remove_stale_socket,
+    unix_address,
+)
+from qmgrd.daemon.snapshot import EngineStatus, StatusReply
 from qmgrd.errors import InvariantError, QmgrdError, SpoolError
 from qmgrd.log import get_logger
+from qmgrd.ops.operation import Operation
 from qmgrd.spool import QUEUES, Spool, is_queue_id
 
 __all__ = [
@@ -67,22 +78,17 @@ __all__ = [
     "unix_address",
 ]
 
-SOCKET_NAME = "qmgrd.sock"
-SOCKET_MODE = 0o660
 MAX_LINE = 64 * 1024  # bytes per request line, newline included
 MAX_IDS = 2000  # queue ids per operation request (a full line holds ~3500)
 CLIENT_TIMEOUT = 30.0  # seconds a client may stay silent before it is hung up on
 MAX_CLIENTS = 64  # concurrent connections; more are answered with an error and closed
-_SUN_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
-Operation = Literal["hold", "release", "delete", "requeue"]
-_OPERATIONS: frozenset[str] = frozenset({"hold", "release", "delete", "requeue"})
 _FIELDS: dict[str, frozenset[str]] = {
     "ping": frozenset(),
     "flush": frozenset({"destination", "queue_id"}),
     "scan": frozenset(),
     "status": frozenset(),
-    **{op: frozenset({"ids"}) for op in _OPERATIONS},
+    **{op.value: frozenset({"ids", "queue"}) for op in Operation},
 }
 
 
@@ -101,41 +107,13 @@ class EngineControl(Protocol):
     def request_incoming_scan(self) -> None:
         """Look at incoming/ again."""
 
-    def status(self) -> dict[str, Any]:
-        """A JSON-ready snapshot of what is in core."""
+    def snapshot(self) -> EngineStatus:
+        """The typed snapshot of what is in core."""
 
     async def operate(
-        self, op: Operation, queue_ids: Sequence[str] | None
+        self, op: Operation, queue_ids: Sequence[str] | None, *, queue: str | None = None
     ) -> dict[str, str]:
-        """hold/release/delete/requeue (None = ALL); a result per queue id."""
-
-
-def control_socket_path(queue_directory: Path) -> Path:
-    """Where the daemon listens for the CLI: ``<queue_directory>/public/qmgrd.sock``."""
-    return queue_directory / "public" / SOCKET_NAME
-
-
-@contextlib.contextmanager
-def unix_address(path: Path) -> Iterator[str]:
-    """A ``sun_path`` for ``path``, also when ``path`` is longer than the kernel allows.
-
-    Linux limits socket paths to 107 bytes; deep spool directories (and test
-    temporaries) exceed that. A longer path is reached through an open
-    descriptor of its directory, ``/proc/self/fd/N/name``, valid while the
-    context is open (for one bind or connect).
-    """
-    text = str(path)
-    if len(os.fsencode(text)) <= _SUN_PATH_MAX:
-        yield text
-        return
-    try:
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise SpoolError(f"cannot open {path.parent}: {exc.strerror}") from exc
-    try:
-        yield f"/proc/self/fd/{fd}/{path.name}"
-    finally:
-        os.close(fd)
+        """hold/release/delete/requeue (None = ALL, or ALL of ``queue``); a result per id."""
 
 
 class ControlServer:
@@ -168,7 +146,7 @@ class ControlServer:
     # ------------------------------------------------------------------ lifecycle
 
     async def _start(self) -> None:
-        await _remove_stale_socket(self.path)
+        await remove_stale_socket(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with unix_address(self.path) as address:
@@ -292,7 +270,7 @@ class ControlServer:
             return {"ok": True}
         if op == "status":
             return await self._status()
-        return await self._operate(op, request.get("ids"))
+        return await self._operate(op, request.get("ids"), request.get("queue"))
 
     async def _flush(self, request: dict[str, Any]) -> dict[str, Any]:
         destination = request.get("destination")
@@ -317,10 +295,19 @@ class ControlServer:
 
     async def _status(self) -> dict[str, Any]:
         counts = await asyncio.to_thread(_count_files, self.spool)
-        snapshot = self.engine.status()
-        return {"ok": True, "pid": os.getpid(), "queue_files": counts, **snapshot}
+        reply = StatusReply(os.getpid(), tuple(counts.items()), self.engine.snapshot())
+        return {"ok": True, **reply.to_json()}
 
-    async def _operate(self, op: str, ids: Any) -> dict[str, Any]:
+    async def _operate(self, op: str, ids: Any, queue: Any) -> dict[str, Any]:
+        operation = _operation(op)
+        if queue is not None:
+            if ids != "ALL":
+                raise _BadRequest('queue is only allowed with "ids": "ALL"')
+            if not isinstance(queue, str) or queue not in operation.sources:
+                known = ", ".join(operation.sources)
+                raise _BadRequest(f"{op} takes a queue among {known}, not {queue!r}")
+            results = await self.engine.operate(operation, None, queue=queue)
+            return {"ok": True, "results": results}
         queue_ids: list[str] | None
         if ids == "ALL":
             queue_ids = None
@@ -335,7 +322,6 @@ class ControlServer:
             queue_ids = list(dict.fromkeys(ids))
         else:
             raise _BadRequest('ids must be a list of queue ids or "ALL"')
-        operation: Operation = _operation(op)
         results = await self.engine.operate(operation, queue_ids)
         return {"ok": True, "results": results}
 
@@ -345,15 +331,10 @@ class _BadRequest(Exception):
 
 
 def _operation(op: str) -> Operation:
-    if op == "hold":
-        return "hold"
-    if op == "release":
-        return "release"
-    if op == "delete":
-        return "delete"
-    if op == "requeue":
-        return "requeue"
-    raise _BadRequest(f"unknown operation {op!r}")
+    try:
+        return Operation.parse(op)
+    except ValueError as exc:
+        raise _BadRequest(str(exc)) from None
 
 
 def _error(text: str) -> dict[str, Any]:
@@ -368,40 +349,6 @@ def _op_of(request: Any) -> str:
 def _count_files(spool: Spool) -> dict[str, int]:
     """Files per queue directory (worker thread: a directory scan each)."""
     return {queue: len(spool.list_ids(queue)) for queue in QUEUES}
-
-
-async def _remove_stale_socket(path: Path) -> None:
-    """Unlink a socket left by a dead daemon; refuse one that still answers."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise SpoolError(f"cannot inspect control socket {path}: {exc.strerror}") from exc
-    if not stat.S_ISSOCK(mode):
-        raise SpoolError(f"{path} exists and is not a socket; remove it")
-    if await _answers(path):
-        raise SpoolError(f"another qmgrd answers on {path}; is the daemon already running?")
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise SpoolError(f"cannot remove stale control socket {path}: {exc.strerror}") from exc
-
-
-async def _answers(path: Path) -> bool:
-    def probe() -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(1.0)
-            try:
-                with unix_address(path) as address:
-                    sock.connect(address)
-            except OSError:
-                return False
-            return True
-
-    return await asyncio.to_thread(probe)
 
 
 async def start_control_server(

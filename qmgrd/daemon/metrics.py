@@ -9,7 +9,8 @@ Two kinds of series (docs/operations.md lists every one and how to read it):
   (never prometheus_client's global one: no module state, and several
   daemons can run in one test process).
 - **State**, read at scrape time by a custom collector: ``status_fn()``
-  returns the engine's snapshot (``Engine.status()``: uptime, messages and
+  returns the engine's typed snapshot (``Engine.snapshot()``,
+  ``qmgrd.daemon.snapshot.EngineStatus``: uptime, messages and
   recipients in core, transports with their destination queues) and
   ``queue_counts_fn()`` the number of files per spool queue. Only the
   ``top_destinations`` busiest destinations get per-destination series, so
@@ -21,28 +22,28 @@ its enhanced status code (RFC 3463), ``4.4.x`` for "4.4.1 connection
 refused", so the label has at most 3 x 8 values plus ``other``.
 
 The endpoint is a minimal HTTP/1.0 server on the daemon's own loop
-(:func:`start_metrics_server`): ``GET /metrics`` (and HEAD), one request per
-connection. Spool directory counting runs in a worker thread; the engine
-snapshot is taken on the loop, where the engine's structures live.
+(:func:`start_metrics_server`, in ``qmgrd.daemon.metrics_http`` and
+re-exported here): ``GET /metrics`` (and HEAD), one request per connection.
+Spool directory counting runs in a worker thread; the engine snapshot is
+taken on the loop, where the engine's structures live.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
+from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
 from qmgrd.errors import InvariantError
-from qmgrd.log import get_logger
 
 __all__ = [
     "SPOOL_QUEUES",
@@ -53,7 +54,7 @@ __all__ = [
     "start_metrics_server",
 ]
 
-StatusFn = Callable[[], Mapping[str, Any]]
+StatusFn = Callable[[], EngineStatus]
 QueueCountsFn = Callable[[], Mapping[str, int]]
 
 STATUSES = ("sent", "deferred", "bounced", "expired")
@@ -69,8 +70,6 @@ DELAY_BUCKETS = (
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 _DSN = re.compile(r"([245])\.(\d{1,3})\.\d{1,3}")
-_REQUEST_TIMEOUT = 10.0
-_MAX_REQUEST = 8192
 
 
 def reason_class(dsn: str) -> str:
@@ -230,32 +229,28 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def _status_metrics(status: Mapping[str, Any], top: int) -> Iterable[Metric]:
-    """Translate ``Engine.status()`` into gauges (see the module doc)."""
-    yield _gauge("qmgrd_uptime_seconds", "Seconds since the engine started.", status["uptime"])
+def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
+    """Translate the engine's snapshot into gauges (see the module doc)."""
+    yield _gauge("qmgrd_uptime_seconds", "Seconds since the engine started.", status.uptime)
     yield _gauge(
         "qmgrd_messages_in_core",
         "Messages in the active queue (qmgr_message_active_limit bounds it).",
-        status["messages_in_core"],
+        status.messages_in_core,
     )
     yield _gauge(
         "qmgrd_recipients_in_core",
         "Recipients in core (qmgr_message_recipient_limit bounds it).",
-        status["recipients_in_core"],
+        status.recipients_in_core,
     )
-    if "messages_waiting" in status:
-        yield _gauge(
-            "qmgrd_messages_waiting",
-            "Queue files found in incoming/ or due in deferred/, waiting for room in core.",
-            status["messages_waiting"],
+    yield _gauge(
+        "qmgrd_messages_waiting",
+        "Queue files found in incoming/ or due in deferred/, waiting for room in core.",
+        status.messages_waiting,
+    )
+    for name, value in sorted(status.stats):
+        yield CounterMetricFamily(
+            f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
         )
-    stats = status.get("stats")
-    if isinstance(stats, Mapping):
-        for name, value in sorted(stats.items()):
-            if isinstance(value, int | float):
-                yield CounterMetricFamily(
-                    f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
-                )
 
     t_busy = GaugeMetricFamily(
         "qmgrd_transport_busy", "Deliveries in progress per transport.", labels=("transport",)
@@ -292,150 +287,26 @@ def _status_metrics(status: Mapping[str, Any], top: int) -> Iterable[Metric]:
         "1 for each dead destination (at most the top N by waiting entries).",
         labels=d_labels,
     )
-    ranked: list[tuple[int, int, str, str, Mapping[str, Any]]] = []
+    ranked: list[tuple[int, int, str, str, DestinationStatus]] = []
     dead_ranked: list[tuple[int, str, str]] = []
-    for transport in status.get("transports", ()):
-        name = str(transport["name"])
-        queues = transport.get("queues", ())
-        t_busy.add_metric((name,), transport.get("busy", 0))
-        t_dead.add_metric((name,), 1 if transport.get("dead") else 0)
-        t_dests.add_metric((name,), len(queues))
+    for transport in status.transports:
+        name = transport.name
+        t_busy.add_metric((name,), transport.busy)
+        t_dead.add_metric((name,), 1 if transport.dead else 0)
+        t_dests.add_metric((name,), len(transport.queues))
         dead = 0
-        for queue in queues:
-            dest = str(queue["name"])
-            ranked.append((int(queue["busy"]), int(queue["todo"]), name, dest, queue))
-            if queue.get("state") == "dead":
+        for queue in transport.queues:
+            ranked.append((queue.busy, queue.todo, name, queue.name, queue))
+            if queue.state == "dead":
                 dead += 1
-                dead_ranked.append((int(queue["todo"]), name, dest))
+                dead_ranked.append((queue.todo, name, queue.name))
         t_dead_dests.add_metric((name,), dead)
     ranked.sort(key=lambda r: (-r[0], -r[1], r[2], r[3]))
     for busy, todo, name, dest, queue in ranked[:top]:
-        d_window.add_metric((name, dest), queue["window"])
+        d_window.add_metric((name, dest), queue.window)
         d_busy.add_metric((name, dest), busy)
         d_todo.add_metric((name, dest), todo)
     dead_ranked.sort(key=lambda r: (-r[0], r[1], r[2]))
     for _todo, name, dest in dead_ranked[:top]:
         d_dead.add_metric((name, dest), 1)
     yield from (t_busy, t_dead, t_dests, t_dead_dests, d_window, d_busy, d_todo, d_dead)
-
-
-# ---------------------------------------------------------------------- HTTP endpoint
-
-
-class MetricsServer:
-    """A running endpoint: ``port`` (the bound one), ``close()``, ``await wait_closed()``."""
-
-    def __init__(self, server: asyncio.Server) -> None:
-        """Wraps the asyncio server returned by ``start_server``."""
-        self._server = server
-
-    @property
-    def sockets(self) -> tuple[tuple[str, int], ...]:
-        """The bound (host, port) pairs."""
-        return tuple(s.getsockname()[:2] for s in self._server.sockets)
-
-    @property
-    def port(self) -> int:
-        """The bound port (useful when started on port 0)."""
-        return self.sockets[0][1]
-
-    def close(self) -> None:
-        """Stop accepting scrapes."""
-        self._server.close()
-
-    async def wait_closed(self) -> None:
-        """Wait until the listening socket is closed."""
-        await self._server.wait_closed()
-
-    async def aclose(self) -> None:
-        """``close()`` then ``wait_closed()``."""
-        self.close()
-        await self.wait_closed()
-
-
-async def start_metrics_server(host: str, port: int, metrics: Metrics) -> MetricsServer:
-    """Listen on ``host:port`` and serve ``GET /metrics`` from ``metrics`` on this loop.
-
-    Raises OSError if the address cannot be bound (the caller turns it into
-    a ConfigError naming ``metrics_listen``).
-    """
-    log = get_logger("master")
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await asyncio.wait_for(_serve_one(reader, writer, metrics), _REQUEST_TIMEOUT)
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass
-        except Exception as exc:  # a broken status_fn must not kill the endpoint
-            log.error("metrics scrape failed", error=repr(exc))
-            with contextlib.suppress(ConnectionError):
-                await _respond(writer, 500, b"internal error\n", "text/plain; charset=utf-8")
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    server = await asyncio.start_server(handle, host, port, limit=_MAX_REQUEST)
-    handle_ = MetricsServer(server)
-    log.info("metrics endpoint listening", address=_fmt_address(handle_.sockets[0]))
-    return handle_
-
-
-def _fmt_address(addr: tuple[str, int]) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-async def _serve_one(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, metrics: Metrics
-) -> None:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.LimitOverrunError:
-        await _respond(writer, 431, b"request too large\n", "text/plain; charset=utf-8")
-        return
-    request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    parts = request_line.split()
-    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-        await _respond(writer, 400, b"bad request\n", "text/plain; charset=utf-8")
-        return
-    method, target = parts[0], parts[1].split("?", 1)[0]
-    if method not in ("GET", "HEAD"):
-        await _respond(writer, 405, b"method not allowed\n", "text/plain; charset=utf-8")
-        return
-    if target == "/metrics":
-        body = await metrics.render()
-        await _respond(writer, 200, body, CONTENT_TYPE_LATEST, head_only=method == "HEAD")
-    elif target == "/":
-        page = b'<html><body><a href="/metrics">/metrics</a></body></html>\n'
-        await _respond(writer, 200, page, "text/html; charset=utf-8", head_only=method == "HEAD")
-    else:
-        await _respond(writer, 404, b"not found\n", "text/plain; charset=utf-8")
-
-
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-}
-
-
-async def _respond(
-    writer: asyncio.StreamWriter,
-    code: int,
-    body: bytes,
-    content_type: str,
-    *,
-    head_only: bool = False,
-) -> None:
-    header = (
-        f"HTTP/1.0 {code} {_REASONS[code]}\r\n"
-        f"Content-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        "Connection: close\r\n\r\n"
-    ).encode()
-    writer.write(header if head_only else header + body)
-    await writer.drain()

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from qmgrd.daemon.control import control_socket_path, unix_address
+from qmgrd.daemon.control_socket import control_socket_path, unix_address
 from qmgrd.errors import QmgrdError
 
 __all__ = ["ControlError", "DaemonNotRunning", "call", "control_socket_path", "daemon_running"]

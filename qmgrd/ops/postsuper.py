@@ -4,10 +4,12 @@ Theory of operation
 -------------------
 The spool must never have two writers for one message. When the daemon runs,
 every operation therefore goes through its control socket: the engine moves
-or removes messages that wait in a queue, and marks a message that is being
-delivered so that no new delivery of it starts and the operation is applied
-when its current pass ends (result ``pending``). Only when no daemon answers
-does this module touch the spool itself, as Postfix's postsuper does:
+or removes messages that wait in a queue; for a message that is being
+delivered it writes the operation to disk at once (a restart honours it),
+starts no new delivery of it and completes the operation when its current
+pass ends (result ``pending``). Only when no daemon answers does this module
+touch the spool itself (through ``qmgrd.ops.spoolops``, the file side the
+daemon uses too), as Postfix's postsuper does:
 
 =========  ==========================================  ==========================
 operation  from                                        to
@@ -38,25 +40,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from qmgrd.daemon.control import MAX_IDS, Operation, control_socket_path
+from qmgrd.daemon.control import MAX_IDS, control_socket_path
 from qmgrd.errors import SpoolError
 from qmgrd.ops.client import DaemonNotRunning, call
+from qmgrd.ops.operation import Operation, OpResult
+from qmgrd.ops.spoolops import operate_file
 from qmgrd.spool import Spool, is_queue_id
 
-__all__ = ["SUMMARY", "offline_operate", "operate_command", "parse_ids"]
-
-SUMMARY: dict[str, str] = {
-    "hold": "Placed on hold",
-    "release": "Released from hold",
-    "delete": "Deleted",
-    "requeue": "Requeued",
-}
-_SOURCES: dict[str, tuple[str, ...]] = {
-    "hold": ("incoming", "active", "deferred", "hold"),
-    "release": ("hold",),
-    "delete": ("incoming", "active", "deferred", "hold"),
-    "requeue": ("incoming", "active", "deferred", "hold"),
-}
+__all__ = ["UsageError", "offline_operate", "operate_command", "parse_ids", "parse_selection"]
 
 
 class UsageError(ValueError):
@@ -85,51 +76,50 @@ def parse_ids(args: Sequence[str], stdin: TextIO) -> list[str] | None:
     return list(dict.fromkeys(ids))
 
 
+def parse_selection(
+    op: Operation, args: Sequence[str], stdin: TextIO
+) -> tuple[list[str] | None, str | None]:
+    """``(ids, None)``, ``(None, None)`` for ALL, or ``(None, QUEUE)`` for ``ALL QUEUE``.
+
+    ``ALL QUEUE`` is postsuper's ``-d ALL deferred``: every message of one queue;
+    the queue must be one the operation takes messages from (``op.sources``).
+    """
+    if len(args) == 2 and args[0] == "ALL" and args[1] != "ALL" and not is_queue_id(args[1]):
+        queue = args[1]
+        if queue not in op.sources:
+            raise UsageError(
+                f"{op.value} ALL takes a queue name among {', '.join(op.sources)}, not {queue!r}"
+            )
+        return None, queue
+    return parse_ids(args, stdin), None
+
+
 def offline_operate(
-    spool: Spool, op: Operation, queue_ids: Sequence[str] | None, now: float
+    spool: Spool,
+    op: Operation,
+    queue_ids: Sequence[str] | None,
+    now: float,
+    *,
+    queue: str | None = None,
 ) -> dict[str, str]:
     """Apply ``op`` directly to the spool (no daemon running); a result per id.
 
-    Results are ``ok``, ``not found`` or ``error: ...``. ALL means every
-    message in the operation's source queues (for ``hold``, those not held yet).
+    Results are ``ok``, ``not found`` or ``error: ...`` (``OpResult``). ALL
+    means every message in the operation's source queues (for ``hold``, those
+    not held yet), or only in ``queue`` when it is given. The file side is
+    ``qmgrd.ops.spoolops``, shared with the daemon.
     """
-    sources = _SOURCES[op]
+    op = Operation(op)
+    sources = op.sources if queue is None else (queue,)
     if queue_ids is None:
-        listed = sources if op != "hold" else tuple(s for s in sources if s != "hold")
+        listed = op.all_sources if queue is None else (queue,)
         queue_ids = sorted({q for src in listed for q in spool.list_ids(src)})
-    return {queue_id: _apply_one(spool, op, queue_id, sources, now) for queue_id in queue_ids}
-
-
-def _apply_one(spool: Spool, op: str, queue_id: str, sources: tuple[str, ...], now: float) -> str:
-    for src in sources:
-        path = spool.path(src, queue_id)
-        if not path.is_file():
-            continue
-        if op == "hold" and src == "hold":
-            return "ok"
-        try:
-            if op == "hold":
-                spool.move(queue_id, src, "hold")
-            elif op == "release":
-                spool.move(queue_id, src, "deferred", mtime=now)
-            elif op == "requeue":
-                spool.move(queue_id, src, "incoming", mtime=now)
-            else:
-                if not spool.remove(src, queue_id):
-                    continue  # vanished meanwhile: look in the next queue
-                spool.remove_reasons("defer", queue_id)
-                spool.remove_reasons("bounce", queue_id)
-        except SpoolError as exc:
-            if not path.exists():
-                continue  # moved by someone else meanwhile: look in the next queue
-            return f"error: {exc}"
-        return "ok"
-    return "not found"
+    return {q: operate_file(spool, op, q, sources, now) for q in queue_ids}
 
 
 def operate_command(
     queue_directory: Path,
-    op: Operation,
+    op: Operation | str,
     args: Sequence[str],
     *,
     stdin: TextIO,
@@ -137,24 +127,29 @@ def operate_command(
     err: TextIO,
     now: float,
 ) -> int:
-    """The CLI command (see the module doc); returns the exit code."""
+    """The CLI command (see the module doc); returns the exit code.
+
+    ``op`` may be the sub-command's name as argparse gives it: it is parsed here,
+    at the edge, into an ``Operation``.
+    """
     try:
-        queue_ids = parse_ids(args, stdin)
-    except UsageError as exc:
+        op = Operation.parse(op)
+        queue_ids, queue = parse_selection(op, args, stdin)
+    except ValueError as exc:  # UsageError, or an unknown operation
         err.write(f"qmgrd: fatal: {exc}\n")
         return 2
     if queue_ids == []:
         err.write("qmgrd: warning: no queue ids given\n")
         return 0
-    results = _via_daemon(queue_directory, op, queue_ids)
+    results = _via_daemon(queue_directory, op, queue_ids, queue)
     if results is None:
         spool = Spool(queue_directory)
-        results = offline_operate(spool, op, queue_ids, now)
+        results = offline_operate(spool, op, queue_ids, now, queue=queue)
     return _report(op, results, out=out, err=err)
 
 
 def _via_daemon(
-    queue_directory: Path, op: Operation, queue_ids: list[str] | None
+    queue_directory: Path, op: Operation, queue_ids: list[str] | None, queue: str | None
 ) -> dict[str, str] | None:
     """Results from the daemon, or None when no daemon runs."""
     path = control_socket_path(queue_directory)
@@ -165,7 +160,10 @@ def _via_daemon(
     results: dict[str, str] = {}
     for number, batch in enumerate(batches):
         try:
-            reply = call(path, {"op": op, "ids": "ALL" if batch is None else batch})
+            request: dict[str, object] = {"op": op.value, "ids": batch or "ALL"}
+            if queue is not None:
+                request["queue"] = queue
+            reply = call(path, request)
         except DaemonNotRunning:
             if number == 0:
                 return None
@@ -177,22 +175,22 @@ def _via_daemon(
     return results
 
 
-def _report(op: str, results: dict[str, str], *, out: TextIO, err: TextIO) -> int:
+def _report(op: Operation, results: dict[str, str], *, out: TextIO, err: TextIO) -> int:
     done = pending = 0
     failed = False
     for queue_id, result in results.items():
-        if result == "ok":
+        if result == OpResult.OK:
             done += 1
-        elif result == "pending":
+        elif result == OpResult.PENDING:
             pending += 1
-        elif result == "not found":
+        elif result == OpResult.NOT_FOUND:
             err.write(f"qmgrd: warning: {queue_id}: no such message\n")
             failed = True
         else:
             err.write(f"qmgrd: warning: {queue_id}: {result}\n")
             failed = True
     count = done + pending
-    line = f"qmgrd: {SUMMARY[op]}: {count} message{'' if count == 1 else 's'}"
+    line = f"qmgrd: {op.summary}: {count} message{'' if count == 1 else 's'}"
     if pending:
         line += f" ({pending} when {'its' if pending == 1 else 'their'} delivery ends)"
     out.write(line + "\n")

@@ -26,10 +26,12 @@ reply itself)::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from qmgrd.daemon.control import control_socket_path
+from qmgrd.daemon.control_socket import control_socket_path
+from qmgrd.daemon.snapshot import StatusReply, TransportStatus
 from qmgrd.ops.client import call
 
 __all__ = ["flush_command", "format_status", "format_uptime", "scan_command", "status_command"]
@@ -93,41 +95,36 @@ def format_uptime(seconds: float) -> str:
     return f"{secs}s"
 
 
-def format_status(status: dict[str, Any]) -> str:
+def format_status(status: Mapping[str, Any]) -> str:
     """The status reply (without ``ok``) as text for a person (see the module doc)."""
-    lines = [f"qmgrd: pid {status.get('pid', '?')}, up {format_uptime(status.get('uptime', 0))}"]
-    files = status.get("queue_files") or {}
-    if files:
-        lines.append("queue files: " + ", ".join(f"{q} {n}" for q, n in files.items()))
+    reply = StatusReply.from_json(status)
+    core = reply.engine
+    pid = "?" if reply.pid is None else str(reply.pid)
+    lines = [f"qmgrd: pid {pid}, up {format_uptime(core.uptime)}"]
+    if reply.queue_files:
+        lines.append("queue files: " + ", ".join(f"{q} {n}" for q, n in reply.queue_files))
     lines.append(
-        f"in core: {status.get('messages_in_core', 0)} messages, "
-        f"{status.get('recipients_in_core', 0)} recipients; "
-        f"{status.get('messages_waiting', 0)} waiting to be loaded"
+        f"in core: {core.messages_in_core} messages, {core.recipients_in_core} recipients; "
+        f"{core.messages_waiting} waiting to be loaded"
     )
-    stats = status.get("stats") or {}
-    if stats:
-        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in stats.items()))
-    for transport in status.get("transports") or []:
+    if core.stats:
+        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in core.stats))
+    for transport in core.transports:
         lines.append("")
-        head = f"transport {transport.get('name')}: busy {transport.get('busy', 0)}"
-        if transport.get("dead"):
-            reason = transport.get("reason")
-            head += " DEAD" + (f" ({reason})" if reason else "")
-        lines.append(head)
-        queues = transport.get("queues") or []
-        if not queues:
-            lines.append("  no destinations in core")
-            continue
-        width = max(len("destination"), *(len(str(q.get("name", ""))) for q in queues))
-        lines.append(f"  {'destination':<{width}} window busy todo state")
-        for q in queues:
-            state = str(q.get("state", "?"))
-            if q.get("reason"):
-                state += f" ({q['reason']})"
-            window = q.get("window", 0)
-            window_text = f"{window:g}" if isinstance(window, float) else str(window)
-            lines.append(
-                f"  {q.get('name', '')!s:<{width}} {window_text:>6} {q.get('busy', 0):>4} "
-                f"{q.get('todo', 0):>4} {state}"
-            )
+        lines.extend(_transport_lines(transport))
     return "\n".join(lines) + "\n"
+
+
+def _transport_lines(transport: TransportStatus) -> list[str]:
+    head = f"transport {transport.name}: busy {transport.busy}"
+    if transport.dead:
+        head += " DEAD" + (f" ({transport.reason})" if transport.reason else "")
+    if not transport.queues:
+        return [head, "  no destinations in core"]
+    width = max(len("destination"), *(len(q.name) for q in transport.queues))
+    lines = [head, f"  {'destination':<{width}} window busy todo state"]
+    for q in transport.queues:
+        state = q.state + (f" ({q.reason})" if q.reason else "")
+        window = f"{q.window:g}" if isinstance(q.window, float) else str(q.window)
+        lines.append(f"  {q.name:<{width}} {window:>6} {q.busy:>4} {q.todo:>4} {state}")
+    return lines

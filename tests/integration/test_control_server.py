@@ -19,6 +19,7 @@ from qmgrd.daemon.control import (
     control_socket_path,
     start_control_server,
 )
+from qmgrd.daemon.snapshot import EngineStatus
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.client import ControlError, DaemonNotRunning, call
 from qmgrd.spool import Envelope, RecipientSpec, Spool
@@ -50,12 +51,14 @@ class FakeEngine:
     def request_incoming_scan(self) -> None:
         self.calls.append(("scan", None))
 
-    def status(self) -> dict[str, Any]:
+    def snapshot(self) -> EngineStatus:
         if self.fail_with is not None:
             raise self.fail_with
-        return {"uptime": 1.5, "messages_in_core": 2, "transports": []}
+        return EngineStatus.from_json({"uptime": 1.5, "messages_in_core": 2, "transports": []})
 
-    async def operate(self, op: Operation, queue_ids: Sequence[str] | None) -> dict[str, str]:
+    async def operate(
+        self, op: Operation, queue_ids: Sequence[str] | None, *, queue: str | None = None
+    ) -> dict[str, str]:
         self.calls.append((op, None if queue_ids is None else list(queue_ids)))
         self.changes.notify()
         if self.block is not None:
@@ -159,6 +162,9 @@ async def test_status_adds_file_counts(
         "queue_files": {"incoming": 1, "active": 0, "deferred": 0, "hold": 1, "corrupt": 0},
         "uptime": 1.5,
         "messages_in_core": 2,
+        "recipients_in_core": 0,
+        "messages_waiting": 0,
+        "stats": {},
         "transports": [],
     }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from qmgrd.daemon.metrics import (
     spool_queue_counts,
     start_metrics_server,
 )
+from qmgrd.daemon.snapshot import EngineStatus
 from qmgrd.errors import InvariantError
 
 
@@ -83,7 +84,7 @@ def _value(samples: list[Sample], name: str, **labels: str) -> float:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[Metrics, MetricsServer]]:
     """A Metrics object with an empty snapshot, served on 127.0.0.1 port 0."""
-    metrics = Metrics(lambda: _status([]), lambda: {"incoming": 0})
+    metrics = Metrics(lambda: EngineStatus.from_json(_status([])), lambda: {"incoming": 0})
     server = await start_metrics_server("127.0.0.1", 0, metrics)
     try:
         yield metrics, server
@@ -131,7 +132,7 @@ async def test_state_gauges_from_the_engine_snapshot() -> None:
         ],
         relay_dead=True,
     )
-    metrics = Metrics(lambda: snapshot)
+    metrics = Metrics(lambda: EngineStatus.from_json(snapshot))
     server = await start_metrics_server("127.0.0.1", 0, metrics)
     try:
         families = await _scrape(server.port)
@@ -166,7 +167,7 @@ async def test_only_the_busiest_destinations_get_series() -> None:
     """With 50 destinations and top_destinations=5, the 5 busiest (busy, then todo) are shown."""
     queues = [_queue(f"d{i:02d}.example", busy=i % 7, todo=i) for i in range(50)]
     queues += [_queue(f"x{i:02d}.example", window=0, todo=i, state="dead") for i in range(10)]
-    metrics = Metrics(lambda: _status(queues), top_destinations=5)
+    metrics = Metrics(lambda: EngineStatus.from_json(_status(queues)), top_destinations=5)
     server = await start_metrics_server("127.0.0.1", 0, metrics)
     try:
         families = await _scrape(server.port)
@@ -224,11 +225,11 @@ async def test_a_failing_snapshot_is_a_500_and_the_endpoint_survives() -> None:
     """An exception in status_fn answers 500 to that scrape only."""
     calls: list[int] = []
 
-    def status() -> Mapping[str, Any]:
+    def status() -> EngineStatus:
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("engine not ready")
-        return _status([])
+        return EngineStatus.from_json(_status([]))
 
     metrics = Metrics(status)
     server = await start_metrics_server("127.0.0.1", 0, metrics)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.daemon.metrics import Metrics
+from qmgrd.daemon.snapshot import EngineStatus
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
 _SERIES = re.compile(r"\bqmgrd_[a-z_]+")
@@ -15,18 +16,28 @@ _SERIES = re.compile(r"\bqmgrd_[a-z_]+")
 
 def _served_series() -> set[str]:
     """Sample names in a scrape of a Metrics fed one of each event and a dead destination."""
-    queue = {"name": "example.com", "nexthop": "example.com", "window": 0, "busy": 0, "todo": 3,
-             "state": "dead", "reason": "4.4.1 connection refused"}
+    queue = {
+        "name": "example.com",
+        "nexthop": "example.com",
+        "window": 0,
+        "busy": 0,
+        "todo": 3,
+        "state": "dead",
+        "reason": "4.4.1 connection refused",
+    }
     status = {
         "uptime": 1.0,
         "messages_in_core": 1,
         "recipients_in_core": 1,
         "messages_waiting": 0,
         "stats": {"deliveries": 1},
-        "transports": [{"name": "smtp", "dead": False, "busy": 1, "reason": None,
-                        "queues": [queue]}],
+        "transports": [
+            {"name": "smtp", "dead": False, "busy": 1, "reason": None, "queues": [queue]}
+        ],
     }
-    metrics = Metrics(lambda: status, lambda: {"incoming": 0, "deferred": 1})
+    metrics = Metrics(
+        lambda: EngineStatus.from_json(status), lambda: {"incoming": 0, "deferred": 1}
+    )
     for state, dsn in (("sent", "2.0.0"), ("deferred", "4.4.1"), ("bounced", "5.1.1")):
         metrics.record_delivery("smtp", state, dsn, 1.0)
     metrics.record_attempt("smtp", 0.1)

@@ -9,6 +9,7 @@ import pytest
 
 from qmgrd.daemon.assemble import reload_engine
 from qmgrd.delivery.agent import Outcome
+from qmgrd.ops.operation import Operation
 from tests.support.agents import FakeAgent, stalled_agent
 from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
 
@@ -27,10 +28,10 @@ async def test_hold_and_release_of_a_deferred_message(tmp_path: Path) -> None:
     qid = submit(spool, clock, "s@src.test", ["r@a.test"])
     task = await run_until_idle(engine)
     assert spool.list_ids("deferred") == [qid]
-    assert await engine.operate("hold", [qid]) == {qid: "ok"}
+    assert await engine.operate(Operation.HOLD, [qid]) == {qid: "ok"}
     assert spool.list_ids("hold") == [qid] and spool.list_ids("deferred") == []
     state["fail"] = False
-    assert await engine.operate("release", None) == {qid: "ok"}
+    assert await engine.operate(Operation.RELEASE, None) == {qid: "ok"}
     await asyncio.wait_for(engine.wait_idle(), 20)
     await stop_engine(engine, task)
     assert ("r@a.test") in [a for _q, a in agent.delivered]
@@ -52,7 +53,7 @@ async def test_hold_of_an_active_message_waits_for_the_delivery_in_flight(
     qid = submit(spool, clock, "s@src.test", [f"u{i}@a.test" for i in range(6)])
     task = asyncio.create_task(engine.run())
     await agent.wait_started(1)
-    assert await engine.operate("hold", [qid]) == {qid: "pending"}
+    assert await engine.operate(Operation.HOLD, [qid]) == {qid: "pending"}
     agent.release()
     await asyncio.wait_for(engine.wait_idle(), 20)
     await stop_engine(engine, task)
@@ -75,13 +76,13 @@ async def test_delete_and_requeue(tmp_path: Path) -> None:
     second = submit(spool, clock, "s@src.test", ["q@a.test"])
     task = await run_until_idle(engine)
     assert sorted(spool.list_ids("deferred")) == sorted([first, second])
-    assert await engine.operate("delete", [first, "0000000000000ZZ"]) == {
+    assert await engine.operate(Operation.DELETE, [first, "0000000000000ZZ"]) == {
         first: "ok",
         "0000000000000ZZ": "not found",
     }
     assert spool.read_reasons("defer", first) == []
     agent.rule = lambda _a: (Outcome.SENT, "2.0.0", "250 ok")
-    assert await engine.operate("requeue", [second]) == {second: "ok"}
+    assert await engine.operate(Operation.REQUEUE, [second]) == {second: "ok"}
     await asyncio.wait_for(engine.wait_idle(), 20)
     await stop_engine(engine, task)
     assert [a for q, a in agent.delivered] == ["q@a.test"]
@@ -137,8 +138,8 @@ async def test_reload_changes_the_window_cap_of_a_live_destination(tmp_path: Pat
     await stop_engine(engine, task)
 
 
-@pytest.mark.parametrize("op", ["hold", "delete", "requeue"])
-async def test_operations_on_unknown_ids_report_not_found(tmp_path: Path, op: str) -> None:
+@pytest.mark.parametrize("op", [Operation.HOLD, Operation.DELETE, Operation.REQUEUE])
+async def test_operations_on_unknown_ids_report_not_found(tmp_path: Path, op: Operation) -> None:
     """An id that is nowhere in the spool is reported, not an error."""
     engine, _spool, _clock = create_test_engine(tmp_path, FakeAgent())
     task = await run_until_idle(engine)

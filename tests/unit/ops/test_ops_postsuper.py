@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from qmgrd.daemon.control import Operation
+from qmgrd.ops.operation import Operation
 from qmgrd.ops.postsuper import UsageError, offline_operate, operate_command, parse_ids
 from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool
 
@@ -32,7 +32,9 @@ def _reason(address: str) -> ReasonRecord:
     return ReasonRecord(address, "4.4.1", "delayed", "connection refused", NOW)
 
 
-def _run(spool: Spool, op: Operation, args: list[str], stdin: str = "") -> tuple[int, str, str]:
+def _run(
+    spool: Spool, op: Operation | str, args: list[str], stdin: str = ""
+) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = operate_command(
         spool.root, op, args, stdin=io.StringIO(stdin), out=out, err=err, now=NOW
@@ -61,7 +63,7 @@ def test_hold_moves_from_every_live_queue(spool: Spool) -> None:
     """hold moves incoming, active (a stopped daemon's) and deferred messages to hold/."""
     ids = [_commit(spool, q) for q in ("incoming", "active", "deferred")]
     already = _commit(spool, "hold")
-    results = offline_operate(spool, "hold", [*ids, already, A], NOW)
+    results = offline_operate(spool, Operation.HOLD, [*ids, already, A], NOW)
     assert results == {**{q: "ok" for q in ids}, already: "ok", A: "not found"}
     assert all(_where(spool, q) == ["hold"] for q in [*ids, already])
 
@@ -70,14 +72,14 @@ def test_hold_all_skips_held(spool: Spool) -> None:
     """hold ALL reports only the messages it moved."""
     moved = _commit(spool, "deferred")
     _commit(spool, "hold")
-    assert offline_operate(spool, "hold", None, NOW) == {moved: "ok"}
+    assert offline_operate(spool, Operation.HOLD, None, NOW) == {moved: "ok"}
 
 
 def test_release_makes_a_held_message_due_now(spool: Spool) -> None:
     """release moves hold -> deferred with mtime now; only held messages are released."""
     held = _commit(spool, "hold")
     waiting = _commit(spool, "deferred")
-    assert offline_operate(spool, "release", [held, waiting], NOW) == {
+    assert offline_operate(spool, Operation.RELEASE, [held, waiting], NOW) == {
         held: "ok",
         waiting: "not found",
     }
@@ -92,7 +94,7 @@ def test_delete_removes_file_and_logs(spool: Spool) -> None:
     for qid in ids:
         spool.append_reasons("defer", qid, [_reason("r@y.test")])
         spool.append_reasons("bounce", qid, [_reason("r@y.test")])
-    assert offline_operate(spool, "delete", None, NOW) == {q: "ok" for q in sorted(ids)}
+    assert offline_operate(spool, Operation.DELETE, None, NOW) == {q: "ok" for q in sorted(ids)}
     for qid in ids:
         assert _where(spool, qid) == []
         assert spool.read_reasons("defer", qid) == []
@@ -103,7 +105,7 @@ def test_requeue_moves_to_incoming_now(spool: Spool) -> None:
     """requeue moves a message from any queue to incoming/ with mtime now, keeping its logs."""
     ids = [_commit(spool, q) for q in ("active", "deferred", "hold")]
     spool.append_reasons("defer", ids[1], [_reason("r@y.test")])
-    assert offline_operate(spool, "requeue", ids, NOW) == {q: "ok" for q in ids}
+    assert offline_operate(spool, Operation.REQUEUE, ids, NOW) == {q: "ok" for q in ids}
     for qid in ids:
         assert _where(spool, qid) == ["incoming"]
         assert os.stat(spool.path("incoming", qid)).st_mtime == NOW

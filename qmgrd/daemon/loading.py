@@ -1,0 +1,236 @@
+"""Loading: from ``incoming/`` and ``deferred/`` into core, and recipient reads.
+
+Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
+-------------------------------------------------------------------------
+- ``scan_incoming()`` / ``scan_deferred(now, flush=...)`` list a queue (worker
+  thread) and put every id the table does not know in WAITING. A failed scan
+  of ``incoming/`` is retried after ``retry_delay`` (``rescan_due``);
+  ``deferred/`` is scanned every ``queue_run_delay`` anyway.
+- ``feed(now)`` moves WAITING messages to LOADING while the active queue has
+  room (``qmgr_message_active_limit``) and starts one load each.
+- A load moves the file to ``active/``, forgets the defer log of the last pass
+  (notes §9), parses the envelope and registers the message with the
+  scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
+  any way) goes to ``corrupt/``; one that vanished (an operator took it) is
+  forgotten; a disk error leaves it where it was, to be loaded again.
+- ``serve_reads()`` answers the scheduler's read requests: a batch of
+  recipients read from the queue file and resolved to (transport, nexthop,
+  queue). A read the spool refuses makes the file corrupt; any other failure
+  (a resolver bug, an address nothing expected) is the message's problem: its
+  reading ends, and the finisher defers it with the reason.
+
+Every failure is logged with the queue id; none leaves a task dead or a
+message unaccounted for in the table. ``InvariantError`` is never caught here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qmgrd.core.message import ReadRequest, ResolvedRecipient
+from qmgrd.core.resolve import queue_name
+from qmgrd.daemon.context import EngineContext
+from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
+from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool import QueueFile, RecipientRecord
+
+__all__ = ["Loader"]
+
+
+class Loader:
+    """Scans, feeds the active queue, loads messages and serves recipient reads."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        """``ctx``: the engine's shared state."""
+        self.ctx = ctx
+        self.rescan_due = 0.0  # when incoming/ is scanned again after a failure; 0 = none
+        self.deferred_scan_running = False
+
+    # ------------------------------------------------------------------ scans
+
+    async def scan_incoming(self) -> None:
+        """Put every unknown id in ``incoming/`` in WAITING."""
+        ctx = self.ctx
+        try:
+            ids = await ctx.io.submit(lambda: ctx.spool.list_ids("incoming"))
+        except (OSError, SpoolError) as exc:
+            ctx.log.error("cannot scan the incoming queue", error=str(exc))
+            self.rescan_due = ctx.clock.now() + ctx.retry_delay
+            return
+        for queue_id in ids:
+            ctx.table.create(queue_id, "incoming")
+        ctx.kick()
+
+    async def scan_deferred(self, now: float, *, flush: bool) -> None:
+        """Put every unknown id due in ``deferred/`` (all of them with ``flush``) in WAITING."""
+        ctx = self.ctx
+        try:
+            if flush:
+                ids = await ctx.io.submit(lambda: ctx.spool.list_ids("deferred"))
+            else:
+                ids = await ctx.io.submit(lambda: ctx.spool.due_ids("deferred", now))
+        except (OSError, SpoolError) as exc:
+            ctx.log.error("cannot scan the deferred queue", error=str(exc))
+            ids = []
+        finally:
+            self.deferred_scan_running = False
+        for queue_id in ids:
+            ctx.table.create(queue_id, "deferred")
+
+    def run_rescan(self, now: float) -> None:
+        """Start the retry of a failed incoming scan when it is due."""
+        if self.rescan_due and self.rescan_due <= now:
+            self.rescan_due = 0.0
+            self.ctx.spawn(self.scan_incoming())
+
+    def request_rescan(self, when: float) -> None:
+        """Scan ``incoming/`` again at ``when`` (unless an earlier rescan is pending)."""
+        if not self.rescan_due:
+            self.rescan_due = when
+
+    # ------------------------------------------------------------------ feeding
+
+    def feed(self, now: float) -> None:
+        """Start loads while the active queue has room (see the module doc)."""
+        ctx = self.ctx
+        limit = ctx.settings.qmgr_message_active_limit
+        table = ctx.table
+        while not ctx.stopping and ctx.scheduler.message_count + table.loading < limit:
+            room = ctx.scheduler.message_count + table.loading + 1 < limit
+            record = table.next_waiting(room)
+            if record is None:
+                return
+            ctx.spawn(self.load(record, now))
+
+    async def load(self, record: Tracked, now: float) -> None:
+        """Move ``record``'s file to ``active/``, parse it and hand it to the scheduler."""
+        ctx = self.ctx
+        spool, queue_id, src = ctx.spool, record.queue_id, record.source
+
+        def work() -> tuple[Path, QueueFile | SpoolError, bool] | None:
+            try:
+                path = spool.move(queue_id, src, "active")
+            except SpoolError:
+                if not spool.path(src, queue_id).exists():
+                    return None  # deleted or moved by an operator meanwhile
+                raise
+            try:
+                # A new pass: the defer log describes only the current pass (notes §9).
+                spool.remove_reasons("defer", queue_id)
+                bounced = bool(spool.read_reasons("bounce", queue_id))
+            except SpoolError:
+                spool.move(queue_id, "active", src)  # back where a retry finds it
+                raise
+            try:
+                return path, QueueFile.open(path), bounced
+            except SpoolError as exc:
+                return path, exc, bounced
+            except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced
+
+        try:
+            loaded = await ctx.io.submit(work)
+        except InvariantError:
+            raise
+        except Exception as exc:  # disk trouble (or worse): the file stays where it was
+            ctx.log.error(
+                "cannot move message to the active queue", queue_id=queue_id, error=str(exc)
+            )
+            ctx.table.done(record)
+            if src == "incoming":
+                # deferred/ is rescanned every queue_run_delay; incoming/ needs a retry.
+                self.request_rescan(ctx.clock.now() + ctx.retry_delay)
+            return
+        if loaded is None:
+            ctx.table.done(record)
+            return
+        path, qf, bounced = loaded
+        if isinstance(qf, SpoolError):
+            await self._quarantine(record, str(qf))
+            return
+        msg = ActiveMessage(queue_id, path, qf, queued_time=now, bounced=bounced)
+        record.active = msg
+        ctx.table.move(record, MessageState.IN_CORE)
+        ctx.scheduler.message_create(
+            queue_id,
+            queued_time=now,
+            rcpt_unread=qf.rcpt_count,
+            rcpt_offset=qf.first_recipient_offset,
+            payload=msg,
+        )
+        ctx.stats.messages_loaded += 1
+        ctx.log.info(
+            "queued",
+            queue_id=queue_id,
+            from_=f"<{qf.sender}>",
+            size=qf.content_size,
+            nrcpt=f"{qf.rcpt_count} (queue active)",
+        )
+
+    async def _quarantine(self, record: Tracked, reason: str) -> None:
+        ctx = self.ctx
+        queue_id = record.queue_id
+        try:
+            await ctx.io.submit(lambda: ctx.spool.quarantine("active", queue_id, reason))
+        except (OSError, SpoolError) as exc:
+            # It stays in active/: the next start recovers it and tries again.
+            ctx.log.error(
+                "cannot quarantine corrupt queue file", queue_id=queue_id, error=str(exc)
+            )
+        ctx.table.done(record)
+
+    # ------------------------------------------------------------------ reading
+
+    def serve_reads(self) -> None:
+        """Start one read per pending scheduler read request."""
+        for request in self.ctx.scheduler.pop_reads():
+            self.ctx.spawn(self.read(request))
+
+    async def read(self, request: ReadRequest) -> None:
+        """Read and resolve one batch of recipients (see the module doc)."""
+        ctx = self.ctx
+        msg = active_of(request.message)
+        try:
+            records, next_offset = await ctx.io.submit(
+                lambda: msg.qf.read_recipients(request.offset, request.limit)
+            )
+        except (SpoolError, OSError) as exc:
+            msg.corrupt = str(exc)
+            ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
+            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
+            return
+        except InvariantError:
+            raise
+        except Exception as exc:
+            self._problem(request, msg, f"cannot read recipients: {exc!r}")
+            return
+        try:
+            resolved = [self.resolve(record) for record in records]
+        except InvariantError:
+            raise
+        except Exception as exc:
+            self._problem(request, msg, f"cannot resolve recipients: {exc!r}")
+            return
+        ctx.scheduler.recipients_add(request.message, resolved, next_offset, ctx.clock.now())
+
+    def _problem(self, request: ReadRequest, msg: ActiveMessage, reason: str) -> None:
+        """End the message's reading; the finisher defers it with ``reason``."""
+        ctx = self.ctx
+        msg.problem = reason
+        ctx.log.error("message deferred after an internal error", queue_id=msg.queue_id,
+                      error=reason)
+        ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
+
+    def resolve(self, record: RecipientRecord) -> ResolvedRecipient:
+        """(transport, nexthop, queue) of one recipient, under the current configuration."""
+        ctx = self.ctx
+        resolved = ctx.resolver.resolve(record.address)
+        params = ctx.transport_params(resolved.transport)
+        name = queue_name(
+            resolved,
+            recipient_limit=params.destination_recipient_limit,
+            recipient_delimiter=ctx.settings.recipient_delimiter,
+        )
+        return ResolvedRecipient(
+            record.address, record.offset, resolved.transport, resolved.nexthop, name, record
+        )

@@ -1,0 +1,208 @@
+"""Recording outcomes: done marks, defer and bounce records, one log line per recipient.
+
+Contract (Postfix's ``qmgr_defer`` and ``qmgr_bounce`` plus the agents' log lines)
+----------------------------------------------------------------------------------
+- ``record(msg, result, now)`` makes one delivery's outcome durable in one
+  file job: bounce reasons (for recipients that want a failure notice) are
+  appended to ``bounce/`` **before** the recipients are marked done, so a
+  crash between the two can only repeat a delivery, never lose a bounce;
+  deferred recipients' reasons collect in ``msg.pending_defer`` and go to
+  ``defer/`` with the same job. It never raises for a per-message problem: if
+  the job fails (disk full, anything else), the recipients stay R, the message
+  is flagged deferred and the reasons are kept for the finisher.
+- ``defer_unattempted(msg, recipients, status, reason, now)``: recipients the
+  scheduler deferred without an attempt (their destination died) get a defer
+  reason and their log line.
+- ``log_results(msg, entry, result, started, now)``: the one ``status=`` line
+  per recipient (Postfix's shape: ``to=<...>, relay=..., delay=...,
+  delays=a/b/c/d, dsn=..., status=... (reply)``), counters and metrics.
+
+Ordering rules that keep mail safe:
+- a bounced recipient's reason is durable in ``bounce/`` before its done mark;
+- a sent recipient is marked done only after the agent reported it sent;
+- a message is removed or moved to ``deferred/`` only after the scheduler
+  reported it finished, which it does only after every entry completed, and
+  every entry's file work finished before the scheduler heard of it;
+- a file job that fails (disk full, permissions) leaves recipients ``R`` and
+  the message flagged deferred, so the next pass retries them: at worst a
+  recipient is delivered twice, never lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from qmgrd.core.entry import Entry
+from qmgrd.core.message import ResolvedRecipient
+from qmgrd.daemon.context import EngineContext
+from qmgrd.daemon.table import ActiveMessage, record_of
+from qmgrd.delivery.agent import DeliveryResult, Outcome, RecipientResult
+from qmgrd.delivery.dsn import wants_notice
+from qmgrd.errors import InvariantError
+from qmgrd.spool import ReasonRecord
+from qmgrd.spool.records import mark_done
+
+__all__ = ["Recorder", "delays", "fmt_delay", "reason_record"]
+
+
+class Recorder:
+    """Makes delivery outcomes durable and logs them (see the module doc)."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        """``ctx``: the engine's shared state."""
+        self.ctx = ctx
+
+    async def record(self, msg: ActiveMessage, result: DeliveryResult, now: float) -> None:
+        """Bounce reasons, then done marks, then defer reasons (one file job)."""
+        bounce: list[ReasonRecord] = []
+        done: list[int] = []
+        for r in result.recipients:
+            if r.outcome is Outcome.DEFERRED:
+                msg.deferred = True
+                msg.pending_defer.append(reason_record(r, "delayed", now))
+                continue
+            done.append(r.recipient.offset)
+            if r.outcome is Outcome.BOUNCED and wants_notice(r.recipient, "failure"):
+                bounce.append(reason_record(r, "failed", now))
+        defer, msg.pending_defer = msg.pending_defer, []
+        if bounce:
+            msg.bounced = True
+        spool = self.ctx.spool
+
+        def work() -> None:
+            if bounce:
+                spool.append_reasons("bounce", msg.queue_id, bounce)
+            if done:
+                mark_done(msg.path, done)
+            if defer:
+                spool.append_reasons("defer", msg.queue_id, defer)
+
+        try:
+            await self.ctx.io.submit(work)
+        except InvariantError:
+            raise
+        except Exception as exc:
+            # Nothing is lost: unmarked recipients stay R and the message is retried.
+            msg.deferred = True
+            msg.pending_defer.extend(defer)
+            self.ctx.log.error(
+                "cannot record delivery results; recipients stay queued",
+                queue_id=msg.queue_id,
+                error=str(exc) or repr(exc),
+            )
+
+    def defer_unattempted(
+        self,
+        msg: ActiveMessage,
+        recipients: Sequence[ResolvedRecipient],
+        status: str,
+        reason: str,
+        now: float,
+    ) -> None:
+        """Recipients deferred without an attempt (dead destination): reasons and log lines."""
+        ctx = self.ctx
+        msg.deferred = True
+        for rcpt in recipients:
+            record = record_of(rcpt)
+            msg.pending_defer.append(
+                ReasonRecord(
+                    rcpt.address,
+                    status,
+                    "delayed",
+                    reason,
+                    now,
+                    "none",
+                    record.orcpt,
+                    tuple(sorted(record.notify)),
+                )
+            )
+            ctx.stats.recipients_deferred += 1
+            if ctx.metrics is not None:
+                ctx.metrics.record_delivery(
+                    rcpt.transport, "deferred", status, now - msg.qf.arrival_time
+                )
+            ctx.smtp_log.info(
+                "deferred",
+                queue_id=msg.queue_id,
+                to=f"<{rcpt.address}>",
+                relay="none",
+                delay=fmt_delay(now - msg.qf.arrival_time),
+                delays=delays(msg, now, now, 0.0, 0.0),
+                dsn=status,
+                status="deferred",
+                reply=reason,
+            )
+
+    def log_results(
+        self,
+        msg: ActiveMessage,
+        entry: Entry,
+        result: DeliveryResult,
+        started: float,
+        now: float,
+    ) -> None:
+        """One log line per recipient outcome, the counters and the metrics."""
+        ctx = self.ctx
+        delay = fmt_delay(now - msg.qf.arrival_time)
+        text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
+        metrics = ctx.metrics
+        if metrics is not None:
+            metrics.record_attempt(entry.transport, now - started)
+            for r in result.recipients:
+                metrics.record_delivery(
+                    entry.transport, r.outcome.value, r.dsn, now - msg.qf.arrival_time
+                )
+        for r in result.recipients:
+            status = r.outcome.value
+            if r.outcome is Outcome.SENT:
+                ctx.stats.recipients_sent += 1
+            elif r.outcome is Outcome.BOUNCED:
+                ctx.stats.recipients_bounced += 1
+            else:
+                ctx.stats.recipients_deferred += 1
+            ctx.smtp_log.info(
+                status,
+                queue_id=msg.queue_id,
+                to=f"<{r.recipient.address}>",
+                relay=r.relay,
+                transport=entry.transport,
+                delay=delay,
+                delays=text,
+                dsn=r.dsn,
+                status=status,
+                reply=r.reply,
+            )
+
+
+def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
+    """The defer/bounce log record of one recipient result."""
+    return ReasonRecord(
+        r.recipient.address,
+        r.dsn,
+        "failed" if action == "failed" else "delayed",
+        r.reply,
+        now,
+        r.relay,
+        r.recipient.orcpt,
+        tuple(sorted(r.recipient.notify)),
+    )
+
+
+def fmt_delay(seconds: float) -> str:
+    """Postfix's delay formatting: two significant decimals, no trailing zeros."""
+    seconds = max(0.0, seconds)
+    if seconds >= 10:
+        return f"{seconds:.0f}"
+    if seconds >= 0.1:
+        return f"{seconds:.1f}".rstrip("0").rstrip(".") or "0"
+    text = f"{seconds:.2f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def delays(
+    msg: ActiveMessage, started: float, now: float, conn_setup: float, transmission: float
+) -> str:
+    """``delays=a/b/c/d``: before active, in active, connection set-up, transmission."""
+    before = msg.queued_time - msg.qf.arrival_time
+    in_active = started - msg.queued_time
+    return "/".join(fmt_delay(x) for x in (before, in_active, conn_setup, transmission))

@@ -1,0 +1,264 @@
+"""The active-message table: every message the engine knows about, in exactly one state.
+
+Contract
+--------
+Postfix's qmgr keeps a message's life in one structure (``QMGR_MESSAGE`` and
+its flags); this table does the same for the engine. A queue id is in the
+table from the moment the engine decides to load it until its file work is
+over, and it is always in exactly one :class:`MessageState`:
+
+=============  ==============================================================
+WAITING        found in ``incoming/`` or due in ``deferred/``; not loaded yet
+LOADING        being moved to ``active/`` and parsed (one file job in flight)
+IN_CORE        registered with the scheduler; deliveries may run
+FINISHING      the scheduler reported it done; its finish (notices, then
+               remove / defer / expire / the operator's operation) runs
+RETRY          a finish failed (disk full, a bug in one step); the file stays
+               in ``active/`` and the finish runs again at ``retry_at``
+=============  ==============================================================
+
+Allowed moves (anything else raises :class:`InvariantError` naming the state)::
+
+    (absent) -> WAITING -> LOADING -> IN_CORE -> FINISHING -> (absent)
+                WAITING -> (absent)            (an operator took it)
+                           LOADING -> (absent) (vanished, corrupt, failed)
+                                      FINISHING -> RETRY -> FINISHING
+
+``create`` enters WAITING (or LOADING directly), ``move`` changes the state,
+``done`` disposes of a message and ``find`` may return None. The waiting
+messages keep their arrival order per source queue; ``next_waiting`` gives
+the next one to load, alternating incoming and deferred as Postfix does.
+``settled(record)`` is an event set whenever the message is neither
+LOADING nor FINISHING (operator operations wait on it, bounded); it is made
+only when someone waits, so a big load queue costs no event per message.
+
+An operator operation that arrives while a message is IN_CORE is kept on the
+record (``op``); the finisher applies it when the message's pass ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qmgrd.core.message import Message, ResolvedRecipient
+from qmgrd.errors import InvariantError
+from qmgrd.ops.operation import Operation
+from qmgrd.spool import QueueFile, ReasonRecord, RecipientRecord
+
+__all__ = [
+    "ActiveMessage",
+    "MessageState",
+    "MessageTable",
+    "Source",
+    "Tracked",
+    "active_of",
+    "record_of",
+]
+
+
+class MessageState(enum.Enum):
+    """Where a known message is in its pass (see the module doc)."""
+
+    WAITING = "waiting"
+    LOADING = "loading"
+    IN_CORE = "in core"
+    FINISHING = "finishing"
+    RETRY = "retry"
+
+
+_ALLOWED: dict[MessageState | None, frozenset[MessageState | None]] = {
+    None: frozenset({MessageState.WAITING, MessageState.LOADING}),
+    MessageState.WAITING: frozenset({MessageState.LOADING, None}),
+    MessageState.LOADING: frozenset({MessageState.IN_CORE, None}),
+    MessageState.IN_CORE: frozenset({MessageState.FINISHING}),
+    MessageState.FINISHING: frozenset({MessageState.RETRY, None}),
+    MessageState.RETRY: frozenset({MessageState.FINISHING, None}),
+}
+
+Source = str  # "incoming" | "deferred": where a waiting message is loaded from
+
+
+@dataclass(slots=True, eq=False)
+class ActiveMessage:
+    """A loaded message (the core's ``payload``): its file and what this pass found."""
+
+    queue_id: str
+    path: Path
+    qf: QueueFile
+    queued_time: float
+    deferred: bool = False  # some recipient was deferred in this pass
+    bounced: bool = False  # the bounce log holds reasons not yet returned to the sender
+    corrupt: str | None = None  # the file turned out unreadable mid-pass
+    problem: str | None = None  # a step failed unexpectedly: defer the message with this
+    pending_defer: list[ReasonRecord] = field(default_factory=list)  # not yet in defer/
+
+
+@dataclass(slots=True, eq=False)
+class Tracked:
+    """One message's record in the table."""
+
+    queue_id: str
+    state: MessageState
+    source: Source
+    op: Operation | None = None  # the operator's operation, applied when the pass ends
+    active: ActiveMessage | None = None  # set from IN_CORE on
+    retry_at: float = 0.0  # RETRY: when the finish runs again
+    failures: int = 0  # finishes that failed in a row (backoff)
+    waiter: asyncio.Event | None = None  # made by ``settled`` only when someone waits
+
+
+class MessageTable:
+    """The engine's known messages, one checked state each (see the module doc)."""
+
+    def __init__(self) -> None:
+        """An empty table."""
+        self._records: dict[str, Tracked] = {}
+        self._waiting: dict[Source, deque[str]] = {"incoming": deque(), "deferred": deque()}
+        self._prefer_incoming = True
+        self._retry: dict[str, Tracked] = {}  # RETRY records: every pass looks at them
+        self.loading = 0  # records in LOADING (cheap for the feed's limit check)
+
+    # ------------------------------------------------------------------ queries
+
+    def find(self, queue_id: str) -> Tracked | None:
+        """The record of ``queue_id``, or None."""
+        return self._records.get(queue_id)
+
+    def __contains__(self, queue_id: object) -> bool:
+        """Whether the engine knows ``queue_id`` in any state."""
+        return queue_id in self._records
+
+    def __len__(self) -> int:
+        """Number of known messages."""
+        return len(self._records)
+
+    def in_state(self, state: MessageState) -> Iterator[Tracked]:
+        """The records in ``state`` (a snapshot: the table may change while iterating)."""
+        if state is MessageState.RETRY:
+            return iter(list(self._retry.values()))
+        return iter([r for r in self._records.values() if r.state is state])
+
+    @property
+    def waiting(self) -> int:
+        """Messages waiting to be loaded."""
+        return len(self._waiting["incoming"]) + len(self._waiting["deferred"])
+
+    def next_retry(self) -> float | None:
+        """The earliest ``retry_at`` of a RETRY record, or None."""
+        if not self._retry:
+            return None
+        return min(r.retry_at for r in self._retry.values())
+
+    # ------------------------------------------------------------------ moves
+
+    def create(self, queue_id: str, source: Source, *, waiting: bool = True) -> Tracked | None:
+        """Start tracking ``queue_id`` (WAITING, queued for loading); None if already known."""
+        if queue_id in self._records:
+            return None
+        if source not in self._waiting:
+            raise InvariantError(f"{queue_id}: cannot wait in {source!r}")
+        state = MessageState.WAITING if waiting else MessageState.LOADING
+        record = Tracked(queue_id, state, source)
+        self._records[queue_id] = record
+        if waiting:
+            self._waiting[source].append(queue_id)
+        else:
+            self.loading += 1
+        return record
+
+    def move(self, record: Tracked, state: MessageState) -> None:
+        """Change ``record``'s state; InvariantError for a move the table does not allow."""
+        self._check(record, state)
+        if record.state is MessageState.LOADING:
+            self.loading -= 1
+        elif record.state is MessageState.RETRY:
+            del self._retry[record.queue_id]
+        if state is MessageState.LOADING:
+            self.loading += 1
+        elif state is MessageState.RETRY:
+            self._retry[record.queue_id] = record
+        record.state = state
+        self._settle(record)
+
+    def done(self, record: Tracked) -> None:
+        """Forget ``record`` (its file work is over, or an operator took it)."""
+        self._check(record, None)
+        if record.state is MessageState.WAITING:
+            self._waiting[record.source].remove(record.queue_id)
+        elif record.state is MessageState.LOADING:
+            self.loading -= 1
+        elif record.state is MessageState.RETRY:
+            del self._retry[record.queue_id]
+        del self._records[record.queue_id]
+        if record.waiter is not None:
+            record.waiter.set()
+
+    def next_waiting(self, room: bool) -> Tracked | None:
+        """The next WAITING message to load (incoming and deferred alternate), now LOADING.
+
+        ``room``: whether the active queue still has room after this one; when
+        it is full, incoming gets the next slot (notes §1).
+        """
+        incoming, deferred = self._waiting["incoming"], self._waiting["deferred"]
+        if not incoming and not deferred:
+            return None
+        if deferred and (not incoming or not self._prefer_incoming):
+            queue_id, source = deferred.popleft(), "deferred"
+        else:
+            queue_id, source = incoming.popleft(), "incoming"
+        self._prefer_incoming = source == "deferred" or not room
+        record = self._records[queue_id]
+        if record.state is not MessageState.WAITING or record.source != source:
+            raise InvariantError(f"{queue_id}: queued for loading while {record.state.value}")
+        record.state = MessageState.LOADING
+        self.loading += 1
+        self._settle(record)
+        return record
+
+    # ------------------------------------------------------------------ internals
+
+    def _check(self, record: Tracked, state: MessageState | None) -> None:
+        if self._records.get(record.queue_id) is not record:
+            raise InvariantError(f"{record.queue_id}: not in the active-message table")
+        if state not in _ALLOWED[record.state]:
+            target = "gone" if state is None else state.value
+            raise InvariantError(
+                f"{record.queue_id}: illegal move from {record.state.value} to {target}"
+            )
+
+    def settled(self, record: Tracked) -> asyncio.Event:
+        """An event set while ``record`` is neither LOADING nor FINISHING (or gone)."""
+        if record.waiter is None:
+            record.waiter = asyncio.Event()
+            self._settle(record)
+        return record.waiter
+
+    @staticmethod
+    def _settle(record: Tracked) -> None:
+        if record.waiter is None:
+            return
+        if record.state in (MessageState.LOADING, MessageState.FINISHING):
+            record.waiter.clear()
+        else:
+            record.waiter.set()
+
+
+def active_of(message: Message) -> ActiveMessage:
+    """The engine's record carried as a core message's payload."""
+    payload = message.payload
+    if not isinstance(payload, ActiveMessage):
+        raise InvariantError(f"message {message.queue_id} carries no engine record")
+    return payload
+
+
+def record_of(rcpt: ResolvedRecipient) -> RecipientRecord:
+    """The queue-file record carried as a resolved recipient's payload."""
+    payload = rcpt.payload
+    if not isinstance(payload, RecipientRecord):
+        raise InvariantError(f"recipient {rcpt.address} carries no queue-file record")
+    return payload
