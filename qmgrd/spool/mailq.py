@@ -4,17 +4,30 @@ Works on the spool directly, like Postfix's showq, so it needs no daemon and
 is safe while one runs: files that vanish or are being written meanwhile are
 skipped. Only recipients not yet done are listed; a recipient's latest
 reason in ``defer/ID`` is shown above it (text) or as ``delay_reason`` (JSON).
+Messages are listed oldest first (by the time in the queue id, any format).
 
-Text format (postqueue(1) "compat" output)::
+Text format (postqueue(1) ``-p``, Postfix's showq_compat layout
+``%-10s%c %8ld %20.20s %s``)::
 
     -Queue ID-  --Size-- ----Arrival Time---- -Sender/Recipient-------
-    1K0S428AJTYJ1JN*     1234 Thu Jan  1 00:00:00  sender@example.com
+    4A2C10B7E3F1*    1234 Thu Jan  1 00:00:00  sender@example.com
     (connect to mx.example.com[192.0.2.1]:25: Connection refused)
                                              rcpt@example.com
 
     -- 2 Kbytes in 1 Request.
 
-``*`` marks active/, ``!`` hold/; the null sender prints as MAILER-DAEMON.
+The status character after the id: ``*`` active/, ``!`` hold/, ``#`` forced
+to expire (``qmgrd.spool.marks``; it wins over the other two, as the one that
+says what will happen next), blank otherwise. The null sender prints as
+MAILER-DAEMON; an empty queue as ``Mail queue is empty``.
+
+JSON (postqueue(1) ``-j``, "JSON OBJECT FORMAT"): one object per message and
+line, with exactly Postfix's members in Postfix's order: ``queue_name``,
+``queue_id``, ``arrival_time`` (integer seconds), ``message_size`` (integer
+bytes of header and body), ``forced_expire`` (true or false), ``sender``
+(empty for the null sender), ``recipients`` (a list of ``{"address": ...}``
+with ``"delay_reason"`` only when a reason is known).
+
 Addresses and reasons come from outside: the text output escapes their
 non-printable characters (``qmgrd.textsafe.printable``: ESC as ``\\x1b``, ...),
 and the JSON output writes them as ``\\uHHHH`` escapes
@@ -23,12 +36,15 @@ and the JSON output writes them as ``\\uHHHH`` escapes
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from qmgrd.errors import SpoolError
+from qmgrd.spool.marks import is_forced_expire
+from qmgrd.spool.queueid import queue_id_sort_key
 from qmgrd.spool.store import Spool
 from qmgrd.textsafe import printable, printable_json
 
@@ -47,18 +63,20 @@ class QueuedMessage:
     message_size: int
     sender: str
     recipients: tuple[tuple[str, str | None], ...]  # (address, delay reason or None)
+    forced_expire: bool = False
 
 
-def scan_queue(spool: Spool) -> list[QueuedMessage]:
-    """Every readable message in the listed queues, in queue id (arrival) order."""
+def scan_queue(spool: Spool, now: float | None = None) -> list[QueuedMessage]:
+    """Every readable message in the listed queues, oldest (by queue id) first."""
     out = []
     for queue in _LISTED:
         for queue_id in spool.list_ids(queue):
             try:
+                mode = os.lstat(spool.path(queue, queue_id)).st_mode
                 qf = spool.open(queue, queue_id)
                 recipients = qf.read_all_recipients()
                 reasons = {r.address: r.reason for r in spool.read_reasons("defer", queue_id)}
-            except SpoolError:
+            except (SpoolError, FileNotFoundError):
                 continue  # moved, removed or being written meanwhile: showq skips it too
             out.append(
                 QueuedMessage(
@@ -68,9 +86,11 @@ def scan_queue(spool: Spool) -> list[QueuedMessage]:
                     qf.content_size,
                     qf.sender,
                     tuple((r.address, reasons.get(r.address)) for r in recipients),
+                    is_forced_expire(mode),
                 )
             )
-    out.sort(key=lambda m: m.queue_id)
+    key = queue_id_sort_key(time.time() if now is None else now)
+    out.sort(key=lambda m: key(m.queue_id))
     return out
 
 
@@ -82,7 +102,7 @@ def format_text(messages: list[QueuedMessage]) -> str:
     total = 0
     for msg in messages:
         total += msg.message_size
-        status = _STATUS.get(msg.queue_name, " ")
+        status = "#" if msg.forced_expire else _STATUS.get(msg.queue_name, " ")
         when = time.asctime(time.localtime(msg.arrival_time))[:20]
         lines.append(
             f"{msg.queue_id:<10}{status} {msg.message_size:>8} {when:<20} "
@@ -111,11 +131,12 @@ def format_json(messages: list[QueuedMessage]) -> str:
             if reason is not None:
                 item["delay_reason"] = reason
             recipients.append(item)
-        obj = {
+        obj: dict[str, object] = {
             "queue_name": msg.queue_name,
             "queue_id": msg.queue_id,
             "arrival_time": int(msg.arrival_time),
             "message_size": msg.message_size,
+            "forced_expire": msg.forced_expire,
             "sender": msg.sender,
             "recipients": recipients,
         }

@@ -67,6 +67,7 @@ def test_json_objects_like_postqueue_j(tmp_path: Path) -> None:
         "queue_id": qid,
         "arrival_time": 1_700_000_000,
         "message_size": 5,
+        "forced_expire": False,
         "sender": "s@x.example",
         "recipients": [{"address": "r@y.example", "delay_reason": "busy"}],
     }
