@@ -6,20 +6,26 @@ skipped. Only recipients not yet done are listed; a recipient's latest
 reason in ``defer/ID`` is shown above it (text) or as ``delay_reason`` (JSON).
 Messages are listed oldest first (by the time in the queue id, any format).
 
-Text format (postqueue(1) ``-p``, Postfix's showq_compat layout
-``%-10s%c %8ld %20.20s %s``)::
+Text format: postqueue(1) ``-p``, as Postfix's showq_compat.c prints it
+(``"%-11s %7ld %20.20s %s"`` for the id with its status character, the size,
+the arrival time and the sender; recipients indented 41 columns; a reason in
+parentheses, right-aligned to column 78, above the recipients it applies to,
+``(reason unavailable)`` after a reason for recipients that have none)::
 
     -Queue ID-  --Size-- ----Arrival Time---- -Sender/Recipient-------
-    4A2C10B7E3F1*    1234 Thu Jan  1 00:00:00  sender@example.com
-    (connect to mx.example.com[192.0.2.1]:25: Connection refused)
+    4A0C1922FA60*   1234 Thu Jan  1 00:00:00  sender@example.com
+                     (connect to mx.example.com[192.0.2.1]:25: Connection refused)
                                              rcpt@example.com
 
-    -- 2 Kbytes in 1 Request.
+    -- 1 Kbytes in 1 Request.
 
-The status character after the id: ``*`` active/, ``!`` hold/, ``#`` forced
-to expire (``qmgrd.spool.marks``; it wins over the other two, as the one that
-says what will happen next), blank otherwise. The null sender prints as
-MAILER-DAEMON; an empty queue as ``Mail queue is empty``.
+With ``enable_long_queue_ids = yes`` the layout is Postfix's long one
+(``"%-17s %8ld %19.19s %s"``, headings ``----Queue ID-----`` ...). The status
+character after the id: ``*`` active/, ``!`` hold/, ``#`` forced to expire
+(``qmgrd.spool.marks``; it wins over the other two, as in Postfix 3.5+),
+blank otherwise. The null sender prints as MAILER-DAEMON. The footer counts
+message sizes in whole Kbytes, rounded down (``-- 0 Kbytes`` for small mail,
+as Postfix); an empty queue prints ``Mail queue is empty``.
 
 JSON (postqueue(1) ``-j``, "JSON OBJECT FORMAT"): one object per message and
 line, with exactly Postfix's members in Postfix's order: ``queue_name``,
@@ -51,6 +57,7 @@ from qmgrd.textsafe import printable, printable_json
 _LISTED = ("incoming", "active", "deferred", "hold")
 _STATUS = {"active": "*", "hold": "!"}
 HEADER = "-Queue ID-  --Size-- ----Arrival Time---- -Sender/Recipient-------"
+LONG_HEADER = "----Queue ID----- --Size-- ---Arrival Time---- --Sender/Recipient------"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,30 +101,32 @@ def scan_queue(spool: Spool, now: float | None = None) -> list[QueuedMessage]:
     return out
 
 
-def format_text(messages: list[QueuedMessage]) -> str:
-    """Postfix mailq text for ``messages``."""
+def format_text(messages: list[QueuedMessage], *, long_ids: bool = False) -> str:
+    """Postfix mailq text for ``messages``; ``long_ids`` (enable_long_queue_ids) widens it."""
     if not messages:
         return "Mail queue is empty\n"
-    lines = [HEADER]
+    id_width, size_width, time_width = (17, 8, 19) if long_ids else (11, 7, 20)
+    indent = " " * (id_width + size_width + time_width + 3)
+    lines = [LONG_HEADER if long_ids else HEADER]
     total = 0
     for msg in messages:
         total += msg.message_size
         status = "#" if msg.forced_expire else _STATUS.get(msg.queue_name, " ")
-        when = time.asctime(time.localtime(msg.arrival_time))[:20]
+        when = time.asctime(time.localtime(msg.arrival_time))[:time_width]
         lines.append(
-            f"{msg.queue_id:<10}{status} {msg.message_size:>8} {when:<20} "
-            f"{printable(msg.sender) or 'MAILER-DAEMON'}"
+            f"{msg.queue_id + status:<{id_width}} {msg.message_size:>{size_width}} "
+            f"{when:<{time_width}} {printable(msg.sender) or 'MAILER-DAEMON'}"
         )
-        shown: str | None = None
+        shown = ""
         for address, reason in sorted(msg.recipients, key=lambda r: (r[1] or "", r[0])):
-            if reason is not None and reason != shown:
-                lines.append(f"({printable(reason)})")
-                shown = reason
-            lines.append(f"{'':41}{printable(address)}")
+            if (reason or "") != shown:
+                shown = reason or ""
+                text = printable(shown) if shown else "reason unavailable"
+                lines.append(f"{'':{max(0, 76 - len(text))}}({text})")
+            lines.append(indent + printable(address))
         lines.append("")
     count = len(messages)
-    kbytes = (total + 1023) // 1024
-    lines.append(f"-- {kbytes} Kbytes in {count} Request{'' if count == 1 else 's'}.")
+    lines.append(f"-- {total // 1024} Kbytes in {count} Request{'' if count == 1 else 's'}.")
     return "\n".join(lines) + "\n"
 
 
@@ -148,7 +157,10 @@ def mailq_command(config_dir: Path, *, as_json: bool, out: TextIO) -> int:
     """``qmgrd mailq [--json]``: print the queue; 0 on success."""
     from qmgrd.config import load_config
 
-    cfg = load_config(config_dir)
+    cfg = load_config(config_dir, strict=False)  # like the other queue tools (cli.py)
     messages = scan_queue(Spool(cfg.get_path("queue_directory")))
-    out.write(format_json(messages) if as_json else format_text(messages))
+    if as_json:
+        out.write(format_json(messages))
+    else:
+        out.write(format_text(messages, long_ids=cfg.get_bool("enable_long_queue_ids")))
     return 0

@@ -7,7 +7,7 @@ never collide (they differ in length or alphabet).
 
 Short ids (``enable_long_queue_ids = no``, Postfix's ``MQID_SH_*``)::
 
-    4A2C1 0B7E3F1      12 characters of upper-case hex, e.g. "4A2C10B7E3F1"
+    4A0C1 922FA60      12 characters of upper-case hex, e.g. "4A0C1922FA60"
     usec  second
 
 - 5 hex digits: the microseconds of the creation time (``%05X``, < F4240);
@@ -30,7 +30,7 @@ Short ids (``enable_long_queue_ids = no``, Postfix's ``MQID_SH_*``)::
 
 Long ids (``enable_long_queue_ids = yes``, Postfix's ``MQID_LG_*``)::
 
-    Sx1k7C 2Hbq z 0F3q      15 characters, e.g. "Sx1k7C2Hbqz0F3q"
+    4dDnsr 288d z 0vRh      15 characters, e.g. "4dDnsr288dz0vRh"
     second usec   salt
 
 - the seconds in base 52 (at least 6 characters: until the year 2596) and the
@@ -61,6 +61,7 @@ of any mix of formats by creation time (ties by the id).
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 import time
@@ -84,7 +85,6 @@ _SH_USEC_DIGITS = 5
 _SH_SEC_DIGITS = 7
 _SH_SEC_MOD = 1 << (4 * _SH_SEC_DIGITS)
 _SH_LENGTH = _SH_USEC_DIGITS + _SH_SEC_DIGITS
-_HEX = frozenset("0123456789ABCDEF")
 _SKEW = 86400  # a short id up to a day "in the future" is taken as from now, not 8.5 years ago
 
 # --- long (Postfix MQID_LG): base-52 seconds and microseconds, 'z', base-51 salt --------
@@ -94,16 +94,11 @@ _LG_USEC_DIGITS = 4
 _LG_SEP = "z"
 _LG_SALT_DIGITS = 4
 _LG_LENGTH = _LG_SEC_DIGITS + _LG_USEC_DIGITS + 1 + _LG_SALT_DIGITS
-_SAFE52 = frozenset(SAFE_ALPHABET)
-_SAFE51 = frozenset(SAFE_ALPHABET[:51])
-_SAFE_VALUE = {ch: i for i, ch in enumerate(SAFE_ALPHABET)}
 
 # --- legacy: Crockford base 32, 11 digits of microseconds + 4 of salt ----------------
 LEGACY_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _LEGACY_TIME_DIGITS = 11
 _LEGACY_LENGTH = 15
-_LEGACY = frozenset(LEGACY_ALPHABET)
-_LEGACY_VALUE = {ch: i for i, ch in enumerate(LEGACY_ALPHABET)}
 
 _SALT_BITS = 20
 
@@ -118,34 +113,37 @@ def _encode(value: int, alphabet: str, width: int) -> str:
     return "".join(reversed(out))
 
 
-def _decode(text: str, value_of: dict[str, int], base: int) -> int:
-    value = 0
-    for ch in text:
-        value = value * base + value_of[ch]
-    return value
+_SHORT_RE = re.compile(r"[0-9A-F]{12}")
+_SAFE_CLASS = "0-9B-DF-HJ-NP-TV-Zb-df-hj-np-t"  # SAFE_ALPHABET without v-z
+_LONG_RE = re.compile(rf"[{_SAFE_CLASS}v-z]{{10}}z[{_SAFE_CLASS}v-y]{{4}}")
+_LEGACY_RE = re.compile(r"[0-9A-HJKMNP-TV-Z]{15}")
+# Crockford symbols -> the digits int(..., 32) reads, so legacy ids decode in C.
+_LEGACY_TO_B32 = str.maketrans(LEGACY_ALPHABET, "0123456789abcdefghijklmnopqrstuv")
+# Every pair of base-52 symbols -> its value: a long id's 10 time symbols in 5 look-ups.
+_PAIR_VALUE = {
+    a + b: i * 52 + j for i, a in enumerate(SAFE_ALPHABET) for j, b in enumerate(SAFE_ALPHABET)
+}
 
 
 def _is_short(name: str) -> bool:
-    return (
-        len(name) == _SH_LENGTH
-        and all(ch in _HEX for ch in name)
-        and int(name[:_SH_USEC_DIGITS], 16) < _US
-    )
+    return _SHORT_RE.fullmatch(name) is not None and int(name[:_SH_USEC_DIGITS], 16) < _US
 
 
 def _is_long(name: str) -> bool:
-    split = _LG_SEC_DIGITS + _LG_USEC_DIGITS
-    return (
-        len(name) == _LG_LENGTH
-        and name[split] == _LG_SEP
-        and all(ch in _SAFE52 for ch in name[:split])
-        and all(ch in _SAFE51 for ch in name[split + 1 :])
-        and _decode(name[_LG_SEC_DIGITS:split], _SAFE_VALUE, 52) < _US
-    )
+    return _LONG_RE.fullmatch(name) is not None and _long_usec(name) < _US
 
 
 def _is_legacy(name: str) -> bool:
-    return len(name) == _LEGACY_LENGTH and all(ch in _LEGACY for ch in name)
+    return _LEGACY_RE.fullmatch(name) is not None
+
+
+def _long_second(name: str) -> int:
+    p = _PAIR_VALUE
+    return (p[name[0:2]] * 2704 + p[name[2:4]]) * 2704 + p[name[4:6]]
+
+
+def _long_usec(name: str) -> int:
+    return _PAIR_VALUE[name[6:8]] * 2704 + _PAIR_VALUE[name[8:10]]
 
 
 def is_queue_id(name: str) -> bool:
@@ -156,18 +154,19 @@ def is_queue_id(name: str) -> bool:
 def _time_us(queue_id: str, now: float) -> int:
     """The creation time of ``queue_id`` in microseconds since the epoch."""
     if _is_short(queue_id):
-        usec = int(queue_id[:_SH_USEC_DIGITS], 16)
-        second = int(queue_id[_SH_USEC_DIGITS:], 16)
-        latest = int(now) + _SKEW
-        second = latest - (latest - second) % _SH_SEC_MOD
-        return second * _US + usec
+        return _short_time_us(queue_id, int(now) + _SKEW)
     if _is_long(queue_id):
-        split = _LG_SEC_DIGITS + _LG_USEC_DIGITS
-        second = _decode(queue_id[:_LG_SEC_DIGITS], _SAFE_VALUE, 52)
-        return second * _US + _decode(queue_id[_LG_SEC_DIGITS:split], _SAFE_VALUE, 52)
+        return _long_second(queue_id) * _US + _long_usec(queue_id)
     if _is_legacy(queue_id):
-        return _decode(queue_id[:_LEGACY_TIME_DIGITS], _LEGACY_VALUE, 32)
+        return int(queue_id[:_LEGACY_TIME_DIGITS].translate(_LEGACY_TO_B32), 32)
     raise ValueError(f"not a queue id: {queue_id!r}")
+
+
+def _short_time_us(queue_id: str, latest: int) -> int:
+    """A short id's time, its second being the latest congruent one <= ``latest``."""
+    second = int(queue_id[_SH_USEC_DIGITS:], 16)
+    second = latest - (latest - second) % _SH_SEC_MOD
+    return second * _US + int(queue_id[:_SH_USEC_DIGITS], 16)
 
 
 def queue_id_time(queue_id: str, now: float | None = None) -> float:
@@ -179,10 +178,23 @@ def queue_id_time(queue_id: str, now: float | None = None) -> float:
 
 
 def queue_id_sort_key(now: float) -> Callable[[str], tuple[int, str]]:
-    """A sort key: creation time, then the id (short ids resolved against ``now``)."""
+    """A sort key: creation time, then the id (short ids resolved against ``now``).
+
+    For ids that passed ``is_queue_id`` (scans): it tells the formats apart
+    by length and separator only, to sort a large queue quickly.
+    """
+    latest = int(now) + _SKEW
 
     def key(queue_id: str) -> tuple[int, str]:
-        return _time_us(queue_id, now), queue_id
+        size = len(queue_id)
+        if size == _SH_LENGTH:
+            return _short_time_us(queue_id, latest), queue_id
+        if size == _LG_LENGTH and queue_id[_LG_SEC_DIGITS + _LG_USEC_DIGITS] == _LG_SEP:
+            return _long_second(queue_id) * _US + _long_usec(queue_id), queue_id
+        if size == _LEGACY_LENGTH:
+            legacy = queue_id[:_LEGACY_TIME_DIGITS].translate(_LEGACY_TO_B32)
+            return int(legacy, 32), queue_id
+        raise ValueError(f"not a queue id: {queue_id!r}")
 
     return key
 

@@ -119,9 +119,10 @@ async def test_mailq_qshape_status_flush_with_a_deferred_message(tmp_path: Path)
             assert lines[1].startswith(f"{qid}  ")
             assert lines[1].split()[1] == str(obj["message_size"])
             assert lines[1].endswith("  s@src.test")
-            assert lines[2] == f"({rcpt['delay_reason']})"
+            reason = f"({rcpt['delay_reason']})"
+            assert lines[2] == f"{reason:>78}"  # right-aligned to column 78, as Postfix
             assert lines[3] == " " * 41 + "bad@dst.test"
-            kbytes = (obj["message_size"] + 1023) // 1024
+            kbytes = obj["message_size"] // 1024
             assert lines[4:] == ["", f"-- {kbytes} Kbytes in 1 Request."]
 
             code, out, err = await cli(conf, "qshape", "deferred")

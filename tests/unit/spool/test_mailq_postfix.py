@@ -171,7 +171,7 @@ def test_text_output_parses_with_pymailq_rules(tmp_path: Path) -> None:
                                                    "connect to z.example: refused", 1.0)])
     text = format_text(scan_queue(spool))
     assert text.splitlines()[0] == HEADER
-    assert text.endswith("\n\n-- 2 Kbytes in 3 Requests.\n")
+    assert text.endswith("\n\n-- 1 Kbytes in 3 Requests.\n")  # 1601 bytes, rounded down
     mails = {m.qid: m for m in _pymailq_parse(text)}
     assert set(mails) == {a, b, c}
     local = datetime.fromtimestamp(ARRIVAL)
@@ -204,3 +204,61 @@ def test_escaping_is_kept_for_forced_expire_listings(tmp_path: Path) -> None:
     assert "\x1b" not in line and "\x9b" not in line
     obj = json.loads(line)
     assert obj["sender"] == "a\x1b[2Jb@x.example" and obj["forced_expire"] is True
+
+
+def test_long_id_layout_follows_postfix_long_format(tmp_path: Path) -> None:
+    """With long ids the listing uses Postfix's wider columns: %-17s %8ld %19.19s, 47 indent."""
+    spool = _spool(tmp_path, long_ids=True)
+    qid = spool.commit(_env("s@x.example", "r@y.example"), b"a" * 2048)
+    spool.move(qid, "incoming", "active")
+    lines = format_text(scan_queue(spool), long_ids=True).splitlines()
+    when = time.asctime(time.localtime(ARRIVAL))[:19]
+    assert lines == [
+        "----Queue ID----- --Size-- ---Arrival Time---- --Sender/Recipient------",
+        f"{qid + '*':<17} {2048:>8} {when} s@x.example",
+        " " * 47 + "r@y.example",
+        "",
+        "-- 2 Kbytes in 1 Request.",
+    ]
+
+
+def test_mailq_command_takes_the_layout_from_enable_long_queue_ids(tmp_path: Path) -> None:
+    """The command prints Postfix's long headings when main.cf enables long ids."""
+    from io import StringIO
+
+    from qmgrd.spool.mailq import mailq_command
+
+    cfg = tmp_path / "etc"
+    cfg.mkdir()
+    (cfg / "master.cf").write_text("")
+    spool = _spool(tmp_path, long_ids=True)
+    spool.commit(_env("s@x.example", "r@y.example"), b"x")
+    for setting, heading in [("no", HEADER), ("yes", "----Queue ID-----")]:
+        main = f"queue_directory = ../spool\nenable_long_queue_ids = {setting}\n"
+        (cfg / "main.cf").write_text(main)
+        out = StringIO()
+        assert mailq_command(cfg, as_json=False, out=out) == 0
+        assert out.getvalue().startswith(heading)
+
+
+def test_reason_lines_are_right_aligned_after_the_recipients_without_one(tmp_path: Path) -> None:
+    """Reasons end at column 78 (longer ones start at 0); unexplained recipients come first."""
+    spool = _spool(tmp_path)
+    qid = spool.commit(_env("s@x.example", "a@y.example", "b@y.example"), b"x")
+    spool.move(qid, "incoming", "deferred")
+    long_reason = "host mx.y.example[192.0.2.1] said: 450 4.2.0 " + "x" * 60
+    spool.append_reasons("defer", qid, [ReasonRecord("a@y.example", "4.2.0", "delayed",
+                                                     long_reason, 1.0)])
+    lines = format_text(scan_queue(spool)).splitlines()
+    assert lines[2:6] == [
+        " " * 41 + "b@y.example",  # no reason, listed first: no line (Postfix's saved "" reason)
+        f"({long_reason})",  # longer than 76: no padding
+        " " * 41 + "a@y.example",
+        "",
+    ]
+    other = spool.commit(_env("s@x.example", "c@y.example"), b"x")
+    spool.append_reasons("defer", other, [ReasonRecord("c@y.example", "4.0.0", "delayed",
+                                                       "busy", 1.0)])
+    text = format_text(scan_queue(spool))
+    assert f"{'(busy)':>78}\n{'':41}c@y.example\n" in text
+    assert "reason unavailable" not in text

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qmgrd.spool import Envelope, QueueIdGenerator, RecipientSpec, Spool, is_queue_id
-from qmgrd.spool.queueid import new_queue_id, queue_id_time, sort_queue_ids
+from qmgrd.spool.queueid import new_queue_id, queue_id_sort_key, queue_id_time, sort_queue_ids
 
 # pymailq's PostqueueStore.mail_id_re: the tool that crashed on qmgrd's old ids.
 PYMAILQ_ID = re.compile(r"^[A-F0-9]{8,12}[*!]?$")
@@ -174,3 +174,38 @@ def test_spool_scans_list_mixed_formats_oldest_first(tmp_path: Path) -> None:
     ).commit(ENV, b"c")
     assert sorted([a, b]) == [b, a]
     assert spool.list_ids("incoming") == [legacy, a, b, late]
+
+
+def test_qshape_ages_mail_of_every_id_format_by_its_arrival(tmp_path: Path) -> None:
+    """qshape counts legacy-, short- and long-id mail alike, aged by arrival time."""
+    from qmgrd.ops.qshape import compute_shape
+    from qmgrd.spool.records import encode_queue_file
+
+    spool = Spool(tmp_path / "spool", fsync=False)
+    spool.ensure_dirs()
+    arrival = 1_700_000_000.0
+    old_env = Envelope("s@example.com", (RecipientSpec("r@old.example"),), arrival - 3600)
+    head, tail = encode_queue_file(old_env, 1)
+    legacy = _legacy_id(int((arrival - 3600) * 1e6), 5)
+    spool.path("incoming", legacy).write_bytes(head + b"x" + tail)
+    new_env = Envelope("s@example.com", (RecipientSpec("r@new.example"),), arrival)
+    spool.commit(new_env, b"x")
+    Spool(spool.root, fsync=False, ids=QueueIdGenerator(long_ids=True)).commit(new_env, b"x")
+    shape = compute_shape(spool, ["incoming"], by_sender=False, now=arrival + 60)
+    rows = dict(shape.rows)
+    assert rows["new.example"][0] == 2  # younger than 5 minutes
+    assert rows["old.example"][4] == 1  # 61 minutes: the 40-80 bucket
+
+
+@given(st.integers(min_value=10**9, max_value=2**62), st.integers(min_value=0, max_value=2**20 - 1))
+def test_the_fast_sort_key_agrees_with_queue_id_time(time_ns: int, salt: int) -> None:
+    """The scans' sort key gives every format the same time as the validating decoder."""
+    now = time_ns / 1e9
+    key = queue_id_sort_key(now)
+    for qid in (
+        QueueIdGenerator(lambda: time_ns).next(),
+        QueueIdGenerator(lambda: time_ns, salt=salt, long_ids=True).next(),
+        _legacy_id(time_ns // 1000, salt),
+    ):
+        assert key(qid) == (round(queue_id_time(qid, now=now) * 1e6), qid)
+        assert key(qid)[0] == time_ns // 1000
