@@ -612,6 +612,13 @@ _TABLE: tuple[Param, ...] = (
         "spool directory (relative to the config directory)",
     ),
     Param(
+        "enable_long_queue_ids",
+        _B,
+        "no",
+        "new queue ids in Postfix's long format (base 52, never reused) instead of short hex;"
+        " read at start",
+    ),
+    Param(
         "maillog_file",
         _S,
         "",

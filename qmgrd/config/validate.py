@@ -44,6 +44,7 @@ NOT_RELOADABLE = (
     "maillog_file",
     "log_format",
     "syslog_name",
+    "enable_long_queue_ids",
 )
 """Read once at start (spool, bound sockets, log output): a change needs a restart."""
 

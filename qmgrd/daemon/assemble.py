@@ -50,7 +50,7 @@ from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
 from qmgrd.log import get_logger
-from qmgrd.spool import Spool
+from qmgrd.spool import QueueIdGenerator, Spool
 
 
 def _read_text(path: Path) -> str:
@@ -142,7 +142,11 @@ class Daemon:
     ) -> None:
         """Build (not start) every part; ``agents`` replaces master.cf's agents (tests)."""
         self.cfg = cfg
-        self.spool = Spool(cfg.get_path("queue_directory"), fsync=fsync)
+        self.spool = Spool(
+            cfg.get_path("queue_directory"),
+            fsync=fsync,
+            ids=QueueIdGenerator(long_ids=cfg.get_bool("enable_long_queue_ids")),
+        )
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(self.spool.root))
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)

@@ -10,7 +10,7 @@ Layout and moves — ``Spool(root: Path, *, fsync: bool = True)``
     ``path(queue, queue_id) -> Path``.
     ``move(queue_id, src, dst, *, mtime: float | None = None) -> Path``: rename;
     ``mtime`` (the next-attempt time of a deferred file) is set before the rename.
-    ``list_ids(queue) -> list[str]``: sorted (= arrival order); ``due_ids(queue, now)
+    ``list_ids(queue) -> list[str]``: oldest first (``sort_queue_ids``); ``due_ids(queue, now)
     -> list[str]``: files with mtime <= now + 1, never opened.
     ``remove(queue, queue_id) -> bool``; ``quarantine(queue, queue_id, reason) -> Path``
     (to corrupt/, logs ``warning: ID: corrupt queue file, file=..., reason=...``).
@@ -19,8 +19,13 @@ Layout and moves — ``Spool(root: Path, *, fsync: bool = True)``
     ``append_reasons(kind, queue_id, records)``, ``read_reasons(kind, queue_id)``,
     ``remove_reasons(kind, queue_id) -> bool`` with kind "defer" | "bounce".
 
-Queue ids — ``QueueIdGenerator().next()``, ``new_queue_id()``, ``is_queue_id(name)``:
-    15 chars, time in µs + random salt, strictly increasing per generator.
+Queue ids — ``QueueIdGenerator(long_ids=False).next()``, ``new_queue_id()``,
+    ``is_queue_id(name)``, ``queue_id_time(id)``, ``sort_queue_ids(ids)``: Postfix's
+    short (12 hex chars, default) or long (``enable_long_queue_ids``) format; readers
+    accept both and the legacy 15-char ids (``qmgrd.spool.queueid``).
+
+Marks — ``mark_forced_expire(path)``, ``is_forced_expire(st_mode)``: "forced to
+    expire" is the queue file's group-execute bit, as in Postfix (``qmgrd.spool.marks``).
 
 Writing — ``Envelope(sender, recipients: tuple[RecipientSpec, ...], arrival_time,
     envid, ret, smtputf8, body, client_name, client_addr, helo, warn_time)``,
@@ -56,7 +61,14 @@ mailq — ``qmgrd.spool.mailq.mailq_command(config_dir, *, as_json, out) -> int`
 
 from qmgrd.spool.commit import GroupCommitter
 from qmgrd.spool.content import QueueFileContent, read_content
-from qmgrd.spool.queueid import QueueIdGenerator, is_queue_id, new_queue_id
+from qmgrd.spool.marks import is_forced_expire, mark_forced_expire
+from qmgrd.spool.queueid import (
+    QueueIdGenerator,
+    is_queue_id,
+    new_queue_id,
+    queue_id_time,
+    sort_queue_ids,
+)
 from qmgrd.spool.reasons import ReasonKind, ReasonRecord
 from qmgrd.spool.records import (
     WARNED,
@@ -87,10 +99,14 @@ __all__ = [
     "RecipientRecord",
     "RecipientSpec",
     "Spool",
+    "is_forced_expire",
     "is_queue_id",
     "mark_done",
+    "mark_forced_expire",
     "new_queue_id",
+    "queue_id_time",
     "read_content",
     "read_recipients",
     "rewrite_warn_time",
+    "sort_queue_ids",
 ]

@@ -38,7 +38,7 @@ from typing import Literal
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.log import get_logger
-from qmgrd.spool.queueid import QueueIdGenerator, is_queue_id
+from qmgrd.spool.queueid import QueueIdGenerator, is_queue_id, sort_queue_ids
 from qmgrd.spool.reasons import (
     ReasonKind,
     ReasonRecord,
@@ -129,8 +129,12 @@ class Spool:
             raise SpoolError(f"cannot list {self.root / queue}: {exc.strerror}") from exc
 
     def list_ids(self, queue: str) -> list[str]:
-        """Queue ids in ``queue``, oldest first; temporary and stray names are ignored."""
-        return sorted(e.name for e in self._entries(queue))
+        """Queue ids in ``queue``, oldest first; temporary and stray names are ignored.
+
+        Oldest by the time in the id (``sort_queue_ids``): string order is not
+        arrival order for Postfix's short ids.
+        """
+        return sort_queue_ids(e.name for e in self._entries(queue))
 
     def due_ids(self, queue: str, now: float) -> list[str]:
         """Ids whose file mtime (next-attempt time) is <= now + 1, oldest id first.
@@ -146,8 +150,7 @@ class Spool:
                 continue
             if mtime <= now + 1:
                 out.append(entry.name)
-        out.sort()
-        return out
+        return sort_queue_ids(out)
 
     # -- moves -------------------------------------------------------------------
 

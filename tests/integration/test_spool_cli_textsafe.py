@@ -55,7 +55,8 @@ def test_mailq_text_escapes_control_bytes_in_addresses_and_reasons(tmp_path: Pat
         assert byte not in out, byte
     lines = out.decode("utf-8").splitlines()
     assert lines[1].startswith(qid) and lines[1].endswith('"a\\x1b]0;owned\\x07b"@example.test')
-    assert lines[2] == "(450 4.2.0 busy\\r\\n\\x1b[2J\\x1b[Hall clear)"
+    reason = "(450 4.2.0 busy\\r\\n\\x1b[2J\\x1b[Hall clear)"
+    assert lines[2] == reason.rjust(78)  # right-aligned to column 78, as Postfix
     assert lines[3].strip() == "r\\u009b31m\\x7f@ev\\u202eil.test\\xff"
 
 

@@ -39,18 +39,18 @@ def test_text_layout_marks_reasons_and_footer(tmp_path: Path) -> None:
     when = time.asctime(time.localtime(1_700_000_000.5))[:20]
     assert text.splitlines() == [
         HEADER,
-        f"{a}* {1500:>8} {when} s@x.example",
+        f"{a + '*':<11} {1500:>7} {when} s@x.example",
         f"{'':41}r1@y.example",
-        "(connect to y.example: refused)",
+        f"{'(connect to y.example: refused)':>78}",
         f"{'':41}r2@y.example",
         "",
-        f"{b}  {100:>8} {when} MAILER-DAEMON",
+        f"{b + ' ':<11} {100:>7} {when} MAILER-DAEMON",
         f"{'':41}p@z.example",
         "",
-        f"{c}! {1:>8} {when} h@x.example",
+        f"{c + '!':<11} {1:>7} {when} h@x.example",
         f"{'':41}q@z.example",
         "",
-        "-- 2 Kbytes in 3 Requests.",
+        "-- 1 Kbytes in 3 Requests.",  # 1601 bytes, rounded down as Postfix does
     ]
 
 
@@ -67,6 +67,7 @@ def test_json_objects_like_postqueue_j(tmp_path: Path) -> None:
         "queue_id": qid,
         "arrival_time": 1_700_000_000,
         "message_size": 5,
+        "forced_expire": False,
         "sender": "s@x.example",
         "recipients": [{"address": "r@y.example", "delay_reason": "busy"}],
     }
@@ -87,4 +88,4 @@ def test_mailq_command_reads_the_configured_spool(tmp_path: Path) -> None:
     spool.commit(_env("s@x.example", "r@y.example"), b"x")
     out = io.StringIO()
     assert mailq_command(cfg, as_json=False, out=out) == 0
-    assert out.getvalue().endswith("-- 1 Kbytes in 1 Request.\n")
+    assert out.getvalue().endswith("-- 0 Kbytes in 1 Request.\n")  # 1 byte, rounded down

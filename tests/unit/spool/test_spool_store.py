@@ -21,6 +21,7 @@ from qmgrd.spool import (
     RecipientSpec,
     Spool,
     is_queue_id,
+    sort_queue_ids,
 )
 
 ENV = Envelope("s@example.com", (RecipientSpec("r@example.com"),), 1_700_000_000.0)
@@ -50,20 +51,21 @@ def test_ensure_dirs_error_is_a_spool_error(tmp_path: Path) -> None:
         Spool(tmp_path / "file" / "spool").ensure_dirs()
 
 
-def test_queue_ids_strictly_increase_even_when_the_clock_stands_still() -> None:
-    """A frozen or backwards clock still yields unique, increasing, well-formed ids."""
+@pytest.mark.parametrize("long_ids", [False, True])
+def test_queue_ids_strictly_increase_even_when_the_clock_stands_still(long_ids: bool) -> None:
+    """A frozen or backwards clock still yields unique, creation-ordered, well-formed ids."""
     times = iter([5_000_000, 5_000_000, 4_000_000, 5_000_000] + [9_000_000] * 100)
-    gen = QueueIdGenerator(lambda: next(times), salt=7)
+    gen = QueueIdGenerator(lambda: next(times), salt=7, long_ids=long_ids)
     ids = [gen.next() for _ in range(50)]
-    assert ids == sorted(ids)
+    assert ids == sort_queue_ids(reversed(ids), now=0.0)
     assert len(set(ids)) == 50
     assert all(is_queue_id(i) for i in ids)
 
 
-def test_queue_ids_differ_across_generators_in_the_same_microsecond() -> None:
-    """Two processes (different salts) never produce the same id for the same instant."""
-    a = QueueIdGenerator(lambda: 1_000, salt=1).next()
-    b = QueueIdGenerator(lambda: 1_000, salt=2).next()
+def test_long_queue_ids_differ_across_generators_in_the_same_microsecond() -> None:
+    """Two processes (different salts) never produce the same long id for the same instant."""
+    a = QueueIdGenerator(lambda: 1_000, salt=1, long_ids=True).next()
+    b = QueueIdGenerator(lambda: 1_000, salt=2, long_ids=True).next()
     assert a != b
     assert a[:11] == b[:11]
 
