@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qmgrd.core import Entry, MessageDone, RecipientsDeferred, SchedulerParams, TransportParams
+from qmgrd.core.scheduler import ThrottleKind
 from tests.unit.core.schedsim import Sim
 
 DESTS = ("a", "b", "c")
@@ -132,7 +133,7 @@ def test_throttled_entries_keep_invariants(
             return
         entry = busy.pop(choice % len(busy))
         if refusals and choice % 3 != 0:
-            kind = "full" if choice % 2 else "rate"
+            kind: ThrottleKind = "full" if choice % 2 else "rate"
             observed = None if choice % 5 else choice % 4
             if sim.sched.entry_throttled(
                 entry, kind=kind, hop=HOP, now=sim.now, observed_busy=observed
