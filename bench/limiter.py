@@ -17,10 +17,12 @@ are an hour, so every deferred recipient stays deferred: the deferred fraction i
 first attempts that were deferred. Connection caching is switched off (the sink counts idle cached
 sessions as occupying a server slot, which the seed's table shows makes no difference).
 
-``--learning`` also runs with ``smtp_destination_concurrency_learning = yes``; that needs the
-engine to hand throttled results to ``Scheduler.entry_throttled`` (see docs/limiter.md); without
-it, the "on" rows are printed as unavailable. ``run_limiter`` is what
-tests/integration/test_limiter_e2e.py calls.
+It first prints the same experiment in simulation (tests/unit/core/limitersim.py: the real
+scheduler, learning off and on), then end to end: a baseline with feedback 0 (the window stays at
+5: the sink's capacity in msg/s), each feedback with ``default_destination_concurrency_learning =
+no``, and with ``--learning`` with ``yes``; the latter needs the engine to hand throttled results
+to ``Scheduler.entry_throttled`` (docs/limiter.md); without it those rows say so.
+``run_limiter`` is what tests/integration/test_limiter_e2e.py calls.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from tests.integration.e2e import commit, offline_spool, start_daemon  # noqa: E402
 from tests.integration.sinks import SinkConfig, SinkServer  # noqa: E402
 from tests.support.config import write_config  # noqa: E402
+from tests.unit.core.limitersim import run_limiter_sim  # noqa: E402
 
 FEEDBACKS = ("1/concurrency", "1/sqrt_concurrency", "1")
 SEED = {"1/concurrency": 0.165, "1/sqrt_concurrency": 0.245, "1": 0.497}
@@ -103,8 +106,7 @@ async def run_limiter(
             "maximal_backoff_time = 3600s\n"
             "queue_run_delay = 3600s\n"
         )
-        if learning:
-            main += "smtp_destination_concurrency_learning = yes\n"
+        main += f"default_destination_concurrency_learning = {'yes' if learning else 'no'}\n"
         conf = write_config(root, main)
         spool = offline_spool(conf)
         now = time.time()  # wall clock: the queue file's arrival time
@@ -137,37 +139,58 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 async def _table(args: argparse.Namespace) -> None:
-    modes = [False, True] if args.learning else [False]
     learning_ok = engine_supports_learning()
+    feedbacks = args.feedback or FEEDBACKS
+    print(f"server admits {SERVER_LIMIT} sessions (421 beyond); client limit 20, initial 5")
     print(
-        f"server admits {SERVER_LIMIT} sessions (421 beyond); client limit 20, initial 5; "
-        f"{args.n} messages, {args.delay}s per MAIL/RCPT/DOT"
+        f"\nsimulation (tests/unit/core/limitersim.py, {args.sim_n} messages, +/-50 % service time)"
+    )
+    print(
+        f"{'feedback':<20} {'learning':<9} {'deferred':>9} {'seed':>6} {'refused':>8} "
+        f"{'sessions':>9}"
+    )
+    for learning in (False, True):
+        for feedback in feedbacks:
+            sim = run_limiter_sim(feedback, learning=learning, messages=args.sim_n)
+            print(
+                f"{feedback:<20} {'on' if learning else 'off':<9} "
+                f"{100 * sim.deferred_fraction:>8.1f}% {100 * SEED[feedback]:>5.1f}% "
+                f"{sim.refused:>8} {sim.mean_sessions:>9.2f}",
+                flush=True,
+            )
+    print(
+        f"\nend to end over loopback ({args.n} messages, {args.delay}s "
+        f"+/-{100 * args.jitter:.0f} % per MAIL/RCPT/DOT)"
     )
     print(
         f"{'feedback':<20} {'learning':<9} {'deferred':>9} {'seed':>6} {'refused':>8} "
         f"{'peak':>5} {'msg/s':>7}"
     )
-    for learning in modes:
-        for feedback in args.feedback or FEEDBACKS:
-            if learning and not learning_ok:
-                print(f"{feedback:<20} {'on':<9} {'(needs the engine change, docs/limiter.md)'}")
-                continue
-            with tempfile.TemporaryDirectory(prefix="qmgrd-limiter-") as tmp:
-                run = await run_limiter(
-                    Path(tmp),
-                    feedback,
-                    messages=args.n,
-                    delay=args.delay,
-                    jitter=args.jitter,
-                    learning=learning,
-                )
-            rate = run.sent / run.seconds if run.seconds else 0.0
-            print(
-                f"{feedback:<20} {'on' if learning else 'off':<9} "
-                f"{100 * run.deferred_fraction:>8.1f}% {100 * SEED[feedback]:>5.1f}% "
-                f"{run.refused:>8} {run.peak:>5} {rate:>7.1f}",
-                flush=True,
+    rows: list[tuple[str, bool]] = [("0", False)]  # window fixed at 5: the sink's capacity
+    rows += [(feedback, False) for feedback in feedbacks]
+    if args.learning:
+        rows += [(feedback, True) for feedback in feedbacks]
+    for feedback, learning in rows:
+        if learning and not learning_ok:
+            print(f"{feedback:<20} {'on':<9} (needs the engine change, docs/limiter.md)")
+            continue
+        with tempfile.TemporaryDirectory(prefix="qmgrd-limiter-") as tmp:
+            run = await run_limiter(
+                Path(tmp),
+                feedback,
+                messages=args.n,
+                delay=args.delay,
+                jitter=args.jitter,
+                learning=learning,
             )
+        rate = run.sent / run.seconds if run.seconds else 0.0
+        seed = f"{100 * SEED[feedback]:>5.1f}%" if feedback in SEED else f"{'-':>6}"
+        print(
+            f"{feedback:<20} {'on' if learning else 'off':<9} "
+            f"{100 * run.deferred_fraction:>8.1f}% {seed} "
+            f"{run.refused:>8} {run.peak:>5} {rate:>7.1f}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -178,6 +201,7 @@ def main() -> None:
     parser.add_argument("--jitter", type=float, default=0.5, help="delay +/- this fraction")
     parser.add_argument("--feedback", action="append", choices=FEEDBACKS)
     parser.add_argument("--learning", action="store_true", help="also run with learning on")
+    parser.add_argument("--sim-n", type=int, default=3000, help="messages per simulated run")
     asyncio.run(_main(parser.parse_args()))
 
 
