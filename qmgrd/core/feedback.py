@@ -313,6 +313,8 @@ class ConcurrencyWindow:
         if not self.suspended:
             raise InvariantError(f"resume of a {self.state} destination window")
         self.window = self.resume_to
+        if self.limit > 0 and self.window > self.limit:  # a reload lowered the limit meanwhile
+            self.window = self.limit
         self.resume_to = READY_MIN
 
     def settle(self, observed: int) -> None:

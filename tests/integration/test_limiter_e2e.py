@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.limiter import run_limiter
+from bench.limiter import engine_supports_learning, run_limiter
 
 
 @pytest.mark.slow
@@ -30,3 +30,19 @@ async def test_limiter_defer_rate_without_learning(
     assert run.sent + run.deferred == 300
     assert run.deferred == run.refused  # every deferral is one 421, nothing else failed
     assert run.deferred_fraction == pytest.approx(expected, abs=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not engine_supports_learning(),
+    reason="the engine does not call Scheduler.entry_throttled yet (docs/limiter.md)",
+)
+@pytest.mark.parametrize("feedback", ["1/concurrency", "1/sqrt_concurrency", "1"])
+async def test_limiter_with_learning_defers_at_most_two_percent(
+    tmp_path: Path, feedback: str
+) -> None:
+    """Learning on, a 421 while others work puts the entry back: at most 2 % of the recipients
+    are deferred and every other one is delivered."""
+    run = await run_limiter(tmp_path, feedback, messages=300, learning=True)
+    assert run.sent + run.deferred == 300
+    assert run.deferred_fraction <= 0.02
