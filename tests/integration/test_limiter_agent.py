@@ -76,3 +76,21 @@ async def test_recipient_level_421_is_not_a_throttle() -> None:
         result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
         await agent.close()
     assert (result.hop, result.throttle) == (None, None)
+
+
+async def test_sink_admits_simultaneous_connections_in_arrival_order() -> None:
+    """Six connections arriving together at a 5-session sink: five are greeted with 220 and
+    only one gets 421 (an anvil-style limiter; counting later arrivals refused all six, which
+    was half of the daemon's "35 %" for 1/sqrt_concurrency, docs/limiter.md)."""
+    async with smtp_sink(SinkConfig(max_sessions=5)) as sink:
+        conns = await asyncio.gather(
+            *(asyncio.open_connection(sink.host, sink.port) for _ in range(6))
+        )
+        greetings = await asyncio.wait_for(
+            asyncio.gather(*(reader.readline() for reader, _ in conns)), 10
+        )
+        for _, writer in conns:
+            writer.close()
+    codes = sorted(line[:3] for line in greetings)
+    assert codes == [b"220"] * 5 + [b"421"]
+    assert sink.refused == 1
