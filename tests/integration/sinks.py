@@ -15,9 +15,9 @@ wakes at each change (``wait_messages``, ``wait_stalled`` for the usual ones).
 
 - ``delay``: seconds to wait before answering MAIL, RCPT and DATA (a slow
   server), each drawn uniformly from ``delay +/- delay_jitter`` (seeded by
-  ``jitter_seed``: a real server's service time varies, and fixed delays keep
-  concurrent sessions in lockstep); ``stall``: commands (``"greeting"``, ``"EHLO"``, ``"MAIL"``,
-  ``"RCPT"``, ``"DATA"``, ``"DOT"`` = end of data) at which the server stops
+  ``jitter_seed``: a real server's service time varies); ``stall``: commands
+  (``"greeting"``, ``"EHLO"``, ``"MAIL"``, ``"RCPT"``, ``"DATA"``, ``"DOT"`` =
+  end of data) at which the server stops
   answering until ``release()`` or the server stops (for timeout tests without
   sleeping in the test; ``stalled`` lists the stages sessions stopped at);
 - ``rcpt_replies``: address → (code, text) replies to RCPT;

@@ -1,16 +1,16 @@
 """The seed's active-limiter experiment through the scheduler facade (sans-IO, no clock).
 
-``LimiterSim`` drives a real :class:`~qmgrd.core.Scheduler` the way the engine does: after every
-event it selects entries until ``select`` returns None, and hands each to a server that admits
-``server_limit`` concurrent sessions. An admitted session completes after ``duration`` +/-
-``jitter`` time units (seeded: a real server's service time varies, and equal durations keep
-the sessions in lockstep, which quantises the feedback cycles; see docs/limiter.md); a refused one
-answers 421 at once and its outcome is applied before the next selection, as the engine does
-with a 421 that arrives long before any delivery completes. Completions at the same instant are
-all reported before the next selection, as the engine's loop does with completions that arrive
-within one pass. Without learning (or when
-``entry_throttled`` declines) the refusal is ``entry_done(hop_failure=...)`` and its recipients
-count as deferred; with learning it is ``entry_throttled(kind="full")``.
+``run_limiter_sim`` drives a real :class:`~qmgrd.core.Scheduler` the way the engine does: after
+every event it selects entries until ``select`` returns None, and hands each to a server that
+admits ``server_limit`` concurrent sessions. An admitted session completes after ``duration`` +/-
+``jitter`` time units (seeded: a real server's service time varies, and exactly equal durations
+keep the simulated sessions in lockstep, which quantises the feedback cycles; docs/limiter.md). A
+refused one answers 421 at once and its outcome is applied before the next selection, as the
+engine does with a 421 that arrives long before any delivery completes. Completions at the same
+instant are all reported before the next selection, as the engine's loop does with completions
+that arrive within one pass. Without learning (or when ``entry_throttled`` declines) the refusal
+is ``entry_done(hop_failure=...)`` and its recipients count as deferred; with learning it is
+``entry_throttled(kind="full")``.
 
 Used by tests/unit/core/test_learned_limits_sim.py and bench/limiter.py.
 """

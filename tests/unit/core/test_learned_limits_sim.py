@@ -48,8 +48,8 @@ def test_learning_on_nothing_gets_through_is_still_dead() -> None:
 
 
 def test_lockstep_sessions_quantise_the_sqrt_cycle() -> None:
-    """With equal service times the five sessions complete together and the window can only
-    grow after a burst of five reports, so 1/sqrt_concurrency defers 1/6, not the seed's 1/4:
-    the service-time variation in the experiment is what the seed's measurement had."""
+    """With exactly equal service times the simulated sessions complete together and the window
+    grows only after a burst of five reports, so 1/sqrt_concurrency defers 1/6, not 1/4: why the
+    simulation varies service times (the daemon's own timing noise does that end to end)."""
     run = run_limiter_sim("1/sqrt_concurrency", learning=False, messages=MESSAGES, jitter=0.0)
     assert run.deferred_fraction == pytest.approx(1 / 6, abs=0.02)
