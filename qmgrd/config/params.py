@@ -239,6 +239,26 @@ _TABLE: tuple[Param, ...] = (
         per_transport=True,
         minimum=0,
     ),
+    # --- learned destination limits (qmgrd only; Scheduler.entry_throttled) ---
+    Param(
+        "default_destination_concurrency_learning",
+        _B,
+        "yes",
+        "a session refused while others to the destination work means full, not failed: "
+        "settle the window, retry the entry when a session frees (no = Postfix)",
+        per_transport=True,
+        qmgrd_only=True,
+    ),
+    Param(
+        "default_destination_throttle_delay",
+        _T,
+        "10s",
+        "pause after a throttling reply (rate limit, try again later), doubled while it "
+        "repeats; past minimal_backoff_time the mail is deferred (0 = defer at once)",
+        per_transport=True,
+        minimum=0,
+        qmgrd_only=True,
+    ),
     Param(
         "default_destination_rate_delay",
         _T,

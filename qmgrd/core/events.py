@@ -11,6 +11,8 @@ Events are plain frozen values, in the order things happened:
   transport is dead (entries deferred from a dead queue's todo list, or recipients resolved to a
   dead destination in ``recipients_add``). The engine records them as deferred with ``status`` and
   ``reason`` (Postfix moves them to the retry transport; we report them directly).
+- :class:`DestinationThrottled`: a refused session was put back instead of failing (learned
+  limits, ``Scheduler.entry_throttled``): for the log and metrics.
 - :class:`DestinationDead` / :class:`DestinationRevived`, :class:`TransportDead` /
   :class:`TransportRevived`: state changes for the log.
 """
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DestinationDead",
     "DestinationRevived",
+    "DestinationThrottled",
     "Event",
     "MessageDone",
     "RecipientsDeferred",
@@ -71,6 +74,22 @@ class DestinationRevived:
 
 
 @dataclass(frozen=True, slots=True)
+class DestinationThrottled:
+    """A session was refused by a full or throttling destination; its entry was put back.
+
+    ``kind`` is "full" (the window settled at ``window``) or "rate" (deliveries paused for
+    ``hold`` seconds, then the window resumes at ``window``); ``reason`` is the remote reply.
+    """
+
+    transport: str
+    queue_name: str
+    kind: str
+    window: int
+    hold: float
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TransportDead:
     """A transport's agent could not run; its recipients are deferred until it revives."""
 
@@ -91,6 +110,7 @@ Event = (
     | RecipientsDeferred
     | DestinationDead
     | DestinationRevived
+    | DestinationThrottled
     | TransportDead
     | TransportRevived
 )

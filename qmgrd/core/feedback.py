@@ -14,6 +14,10 @@ state. The owner (the scheduler's destination queue) calls:
   ``queue_unthrottle`` before ``entry_done``). A THROTTLED window is revived by it.
 - ``negative_feedback()`` after a destination-level failure; the window must be READY.
 - ``suspend()`` / ``resume()`` around ``destination_rate_delay`` pauses.
+- ``settle(observed)`` when learning is on and a session was refused while ``observed`` others
+  to the destination were working: the destination is full, not failing (module
+  :mod:`qmgrd.core.scheduler`, ``entry_throttled``); ``hold(resume_window)`` pauses a READY window
+  after a throttling reply and ``resume()`` then brings it back at ``resume_window``.
 - ``revive()`` when the ``minimal_backoff_time`` timer fires or on flush.
 - ``update_limits(...)`` on configuration reload.
 
@@ -40,6 +44,11 @@ window change resets the *other* accumulator.
 Dead-destination detection is separate: every negative report adds 1/window to ``fail_cohorts``
 (one "pseudo-cohort" is ``window`` deliveries); reaching ``cohort_limit`` kills the destination.
 Every positive report clears ``fail_cohorts``.
+
+Learned limits (``destination_concurrency_learning``): a refusal while others are working is no
+feedback at all. ``settle`` lowers the window to the observed number of working sessions (never
+raises it) and clears both accumulators, so positive feedback probes one step above the limit again
+only after a full run of successes; ``fail_cohorts`` is left alone, because nothing failed.
 """
 
 from __future__ import annotations
@@ -184,6 +193,7 @@ class ConcurrencyWindow:
     success: float = 0.0
     failure: float = 0.0
     fail_cohorts: float = 0.0
+    resume_to: int = READY_MIN  # the window ``resume`` restores (``hold`` sets it)
 
     def __post_init__(self) -> None:
         """Validate the settings and start READY at the initial concurrency."""
@@ -284,12 +294,41 @@ class ConcurrencyWindow:
                 f"suspend of a {self.state} destination window {self.window} (need ready, 1)"
             )
         self.window = SUSPENDED
+        self.resume_to = READY_MIN
+
+    def hold(self, resume_window: int) -> None:
+        """READY -> SUSPENDED after a throttling reply; ``resume`` restores ``resume_window``.
+
+        ``resume_window`` is clamped to [1, the current window]: a pause never raises the window.
+        """
+        if not self.ready:
+            raise InvariantError(f"hold of a {self.state} destination window")
+        self.resume_to = max(READY_MIN, min(resume_window, self.window))
+        self.success = self.failure = 0.0
+        self.window = SUSPENDED
 
     def resume(self) -> None:
-        """SUSPENDED -> READY with window 1, when the rate delay has passed."""
+        """SUSPENDED -> READY when the pause has passed: window 1 after a rate delay, the held
+        window after ``hold``."""
         if not self.suspended:
             raise InvariantError(f"resume of a {self.state} destination window")
-        self.window = READY_MIN
+        self.window = self.resume_to
+        if self.limit > 0 and self.window > self.limit:  # a reload lowered the limit meanwhile
+            self.window = self.limit
+        self.resume_to = READY_MIN
+
+    def settle(self, observed: int) -> None:
+        """READY: a session was refused while ``observed`` others were working (learned limit).
+
+        The window becomes ``max(1, min(window, observed))`` and both accumulators restart; the
+        dead-destination count is untouched (module doc, "Learned limits").
+        """
+        if not self.ready:
+            raise InvariantError(f"settle of a {self.state} destination window")
+        if observed < 0:
+            raise InvariantError(f"settle with observed={observed}")
+        self.window = max(READY_MIN, min(self.window, observed))
+        self.success = self.failure = 0.0
 
     def revive(self) -> None:
         """THROTTLED -> READY at ``init`` with fresh accumulators (timer fired, or flush)."""

@@ -78,6 +78,8 @@ class TransportParams:
     failed_cohort_limit: int = 1  # 0 = never dead by feedback
     destination_rate_delay: float = 0.0
     transport_rate_delay: float = 0.0
+    destination_concurrency_learning: bool = True  # refusals while busy are "full" (scheduler)
+    destination_throttle_delay: float = 10.0  # first pause after a throttling reply
 
     def __post_init__(self) -> None:
         """Check bounds as Postfix's configuration tables do."""
@@ -95,6 +97,7 @@ class TransportParams:
         _at_least("failed_cohort_limit", self.failed_cohort_limit, 0)
         _at_least("destination_rate_delay", self.destination_rate_delay, 0.0)
         _at_least("transport_rate_delay", self.transport_rate_delay, 0.0)
+        _at_least("destination_throttle_delay", self.destination_throttle_delay, 0.0)
         if not 0 <= self.delivery_slot_discount <= 100:
             raise ConfigError(
                 f"delivery_slot_discount = {self.delivery_slot_discount}: must be 0..100"

@@ -51,7 +51,8 @@ class Queue:
     last_done: float = float("-inf")  # time of the last BUSY completion (back-to-back test)
     blocker_tag: int = 0
     revive_at: float | None = None  # dead timer deadline
-    resume_at: float | None = None  # rate-delay deadline
+    resume_at: float | None = None  # rate-delay or throttle-hold deadline
+    throttle_delay: float = 0.0  # the last throttle hold's length; 0 after positive feedback
     deleted: bool = False
 
     @property

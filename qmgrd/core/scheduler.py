@@ -34,6 +34,12 @@ Completion
     ``entry_done(entry, *, hop_failure=None, crashed=False, now)``: Postfix ``deliver_update`` +
     ``entry_done``: feedback (hop_failure = (dsn, reason) is negative feedback, none is positive,
     a crash is neither), rate-delay suspension, blocker updates, slot returns, queue deletion.
+    ``entry_throttled(entry, *, kind, hop, now, observed_busy=None) -> bool``: the entry's session
+    was refused (``kind`` "full": a 421 greeting or a refused connection; "rate": a throttling
+    reply). With ``destination_concurrency_learning`` and while the destination demonstrably
+    works, the entry goes back to its queue's TODO list (True: the engine records nothing for its
+    recipients). False changes nothing: the caller goes on with ``entry_done(hop_failure=hop)``
+    exactly as before (see "Learned destination limits" below).
     ``transport_failed(name, dsn, reason, now, entry=None)``: the agent could not run at all; the
     transport is dead for ``transport_retry_time`` and its TODO entries are deferred (``entry``, if
     given, is the selected entry that could not be sent; it is deferred with them).
@@ -48,6 +54,25 @@ Events, timers, control
 Introspection
     ``transports()`` (each with ``queues``: window, ``todo``/``busy`` lists, ``dsn``),
     ``message_count``, ``rcpt_count``, ``find_message(queue_id)``.
+
+Learned destination limits (not in Postfix; ``destination_concurrency_learning``)
+--------------------------------------------------------------------------------
+Postfix treats a session refused by a full server (421 greeting, refused connection) as a
+destination failure: negative feedback, and the entry's recipients go to ``deferred/`` for at
+least ``minimal_backoff_time`` although other sessions to the same server are delivering. Against
+a server admitting 5 sessions that defers 1/6 to 1/2 of the mail (seed SCHEDULER_README). With
+learning, ``entry_throttled`` decides:
+
+- kind "full" with ``observed`` > 0 other sessions working (``len(busy) - 1`` unless the caller
+  knows better): the window settles at ``observed`` (``ConcurrencyWindow.settle``) and the entry
+  goes back to the TODO list; it is selected again when a session frees. No feedback, no
+  dead-destination count. With nothing else working it is a real failure: False.
+- kind "rate" (the server asked us to slow down): the window is held (``hold``, SUSPENDED) for
+  ``destination_throttle_delay``, doubling with each further throttle until a delivery succeeds,
+  then resumes at ``max(1, observed)``; the entry goes back. When the next pause would exceed
+  ``minimal_backoff_time`` the throttle is treated as a failure (False): the caller defers as
+  Postfix does, so a server that never stops throttling cannot keep mail in the active queue.
+- The destination must be READY; a dead or paused destination gets False.
 
 Deviations from Postfix (see also DESIGN §9)
 --------------------------------------------
@@ -68,12 +93,14 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 from qmgrd.core.dll import DList, Link
 from qmgrd.core.entry import DFLAG_LOAD, DFLAG_STORE, Entry, EntryState
 from qmgrd.core.events import (
     DestinationDead,
     DestinationRevived,
+    DestinationThrottled,
     Event,
     MessageDone,
     RecipientsDeferred,
@@ -97,7 +124,9 @@ from qmgrd.core.queue import Queue, queue_create, queue_done
 from qmgrd.core.transport import Transport
 from qmgrd.errors import InvariantError
 
-__all__ = ["Scheduler"]
+ThrottleKind = Literal["full", "rate"]
+
+__all__ = ["Scheduler", "ThrottleKind"]
 
 TransportParamsFn = Callable[[str], TransportParams]
 
@@ -486,6 +515,8 @@ class Scheduler:
                     self._queue_dead(queue, dsn, now)
             if transport.dead:
                 self._transport_revive(transport)
+            if hop_failure is None:
+                queue.throttle_delay = 0.0
             if (
                 hop_failure is None
                 and (window.ready or window.throttled)
@@ -493,13 +524,80 @@ class Scheduler:
             ):
                 self._queue_revived(queue)
         if transport.rate_locked:
-            delay = transport.params.transport_rate_delay
-            if delay > 0:
-                transport.unlock_at = now + delay
-                self._timer_push(transport.unlock_at, _T_TRANSPORT_UNLOCK, transport)
-            else:
-                transport.rate_locked = False
+            self._rate_unlock(transport, now)
         self._entry_done(entry, busy=True, now=now)
+
+    def entry_throttled(
+        self,
+        entry: Entry,
+        *,
+        kind: ThrottleKind,
+        hop: tuple[str, str],
+        now: float,
+        observed_busy: int | None = None,
+    ) -> bool:
+        """A session for this BUSY entry was refused; put the entry back if the destination is
+        merely full or throttling (module doc, "Learned destination limits").
+
+        Returns True when the entry is TODO again (nothing is deferred, no feedback counted);
+        False when nothing changed and the caller must call ``entry_done(hop_failure=hop)``.
+        """
+        if entry.state is not EntryState.BUSY:
+            raise InvariantError(f"entry_throttled: entry is {entry.state.value}, not busy")
+        if kind not in ("full", "rate"):
+            raise InvariantError(f"entry_throttled: unknown kind {kind!r}")
+        queue = entry.queue
+        transport = queue.transport
+        params = transport.params
+        window = queue.window
+        if not params.destination_concurrency_learning or not window.ready:
+            return False
+        others = len(queue.busy) - 1
+        if observed_busy is not None:
+            if observed_busy < 0:
+                raise InvariantError(f"entry_throttled: observed_busy={observed_busy}")
+            others = min(others, observed_busy)
+        delay = 0.0
+        if kind == "full":
+            if others <= 0:
+                return False  # nothing else gets through: a real failure
+            window.settle(others)
+        else:
+            base = params.destination_throttle_delay
+            delay = base if queue.throttle_delay <= 0.0 else 2.0 * queue.throttle_delay
+            if delay <= 0.0 or delay > self.params.minimal_backoff_time:
+                return False  # no pause configured, or throttled for too long: a failure
+            queue.throttle_delay = delay
+        self._entry_unselect(entry)
+        job = entry.peer.job
+        if job.stack_level < 0:
+            job_obtain(entry.message, transport)  # selection retired it with its last entry
+        if transport.rate_locked:
+            self._rate_unlock(transport, now)
+        if kind == "rate":
+            window.hold(max(1, others))
+            queue.resume_at = now + delay
+            self._timer_push(queue.resume_at, _T_QUEUE_RESUME, queue)
+        self._events.append(
+            DestinationThrottled(
+                transport.name,
+                queue.name,
+                kind,
+                window.window if kind == "full" else window.resume_to,
+                delay,
+                hop[1],
+            )
+        )
+        return True
+
+    def _rate_unlock(self, transport: Transport, now: float) -> None:
+        """A delivery ended: release the transport rate lock after ``transport_rate_delay``."""
+        delay = transport.params.transport_rate_delay
+        if delay > 0:
+            transport.unlock_at = now + delay
+            self._timer_push(transport.unlock_at, _T_TRANSPORT_UNLOCK, transport)
+        else:
+            transport.rate_locked = False
 
     def _entry_done(self, entry: Entry, *, busy: bool, now: float) -> None:
         """Postfix ``qmgr_entry_done`` (notes §8), for BUSY or TODO entries."""

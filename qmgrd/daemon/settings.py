@@ -117,6 +117,8 @@ def _transport_params(cfg: Config, name: str, warn: Callable[[str], None]) -> Tr
         failed_cohort_limit=tv.get_int("destination_concurrency_failed_cohort_limit"),
         destination_rate_delay=float(tv.get_time("destination_rate_delay")),
         transport_rate_delay=float(tv.get_time("transport_rate_delay")),
+        destination_concurrency_learning=tv.get_bool("destination_concurrency_learning"),
+        destination_throttle_delay=float(tv.get_time("destination_throttle_delay")),
     )
 
 

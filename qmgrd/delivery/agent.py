@@ -10,7 +10,13 @@ The engine, not the agent, writes done marks and defer/bounce reasons
   connected, greeting not 2xx, EHLO refused, required TLS failed, connection
   lost or timed out before the transaction completed). A hop status is
   negative concurrency feedback; its absence is positive feedback, even when
-  every recipient was deferred by a 4xx reply (notes §8, §10.4).
+  every recipient was deferred by a 4xx reply (notes §8, §10.4);
+- ``throttle``, set together with the hop status when the destination did
+  not fail but refused the session: "full" (a 421 greeting or a refused
+  connection: a concurrency limit) or "rate" (a throttling reply). Every
+  recipient is then deferred and none was tried, so the engine may hand the
+  entry to ``Scheduler.entry_throttled`` instead of recording the deferrals;
+  an engine that ignores it behaves as before (the hop status is there).
 
 Content is streamed from the queue file: ``ContentSource`` names the byte
 range of the message content inside it.
@@ -21,7 +27,11 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+from qmgrd.errors import InvariantError
+
+Throttle = Literal["full", "rate"]
 
 
 class Outcome(enum.Enum):
@@ -101,6 +111,13 @@ class DeliveryResult:
     conn_setup_time: float = 0.0  # seconds spent in DNS, connect, greeting, EHLO, TLS
     transmission_time: float = 0.0  # seconds spent in MAIL..end of DATA
     extra: dict[str, str] = field(default_factory=dict)  # agent-specific notes for logs
+    throttle: Throttle | None = None  # set only with ``hop`` (module doc); last: callers pass
+    # the fields above by position
+
+    def __post_init__(self) -> None:
+        """A throttle without a hop status is a bug in the agent."""
+        if self.throttle is not None and self.hop is None:
+            raise InvariantError("DeliveryResult.throttle needs a hop status")
 
 
 class Agent(Protocol):

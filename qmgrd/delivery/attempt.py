@@ -12,7 +12,9 @@ policy (smtp_trouble.c):
 - ``finish()``: defers what is left with its last failure and sets the hop
   status (a destination failure, negative feedback) when a recipient ends
   deferred by a site-level failure and no session of this attempt completed a
-  transaction (notes §10.4).
+  transaction (notes §10.4); when that failure was a refusal of the session
+  ("full" or "rate", ``Failure.throttle``) and no recipient got any other
+  outcome, the result also says ``throttle``.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class Attempt:
     def finish(self) -> DeliveryResult:
         """Defer what is left and build the result, with a hop status if one is due."""
         hop: HopStatus | None = None
+        throttle = None
+        untouched = not self.results  # nothing was sent or bounced in this attempt
         for idx, rcpt in list(self.pending.items()):
             failure = self.last.get(idx) or _UNAVAILABLE
             dsn = "4" + failure.dsn[1:] if failure.dsn.startswith("5") else failure.dsn
@@ -95,11 +99,17 @@ class Attempt:
             )
             if failure.site and not self.completed and hop is None:
                 hop = HopStatus(dsn, failure.reply)
+                throttle = failure.throttle
+            elif failure.throttle is None:
+                untouched = False  # some recipient failed for another reason
         self.pending.clear()
+        if not untouched:
+            throttle = None
         ordered = tuple(self.results[idx] for idx in range(len(self.request.recipients)))
         return DeliveryResult(
             recipients=ordered,
             hop=hop,
+            throttle=throttle if hop is not None else None,
             conn_setup_time=self.setup_time,
             transmission_time=self.xfer_time,
         )

@@ -7,6 +7,21 @@
   session step (never crosses the agent boundary).
 - ``reply_dsn`` / ``reply_text``: an SMTP reply as a DSN code and one line.
 - ``xtext`` / ``dsn_param``: RFC 3461 xtext for ENVID and ORCPT.
+- ``throttle_kind``: whether a server's refusal of a session reads as "full" (a concurrency
+  limit: 421, "too many connections") or "rate" (a request to slow down: rate-limit texts),
+  for learned destination limits (``DeliveryResult.throttle``).
+
+Throttling texts recognised (collected from the large providers' published replies and from
+bounces seen in the wild; matched case-insensitively on the first 1,000 characters):
+
+- full: "too many (concurrent|simultaneous) (SMTP) connections/sessions" (generic MTAs,
+  Postfix's anvil "too many connections from"), "connection limit", "maximum number of
+  (concurrent) connections" (Exchange Online), "reached its limit for processing requests";
+  and any other ``421`` at connection time (RFC 5321 §3.8: the service is closing the channel).
+- rate: "rate limit(ed)", "rate controlled", "unusual rate" and ``4.7.28`` (Gmail's rate
+  limiting), "temporarily deferred" and Yahoo's ``[TSnn]`` / ``[TSSnn]`` codes, Outlook.com's
+  ``RP-00n`` and "limits for how many messages", "too many messages", "server busy",
+  "try (again) later" (Gmail's ``421 4.7.0 Try again later``), "throttl", "slow down".
 """
 
 from __future__ import annotations
@@ -16,7 +31,23 @@ from dataclasses import dataclass
 
 from aiosmtplib import SMTPResponse
 
+from qmgrd.delivery.agent import Throttle
+
 _ENHANCED = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})(?=\s|$)")
+_THROTTLE_TEXT_LIMIT = 1000  # untrusted text: bound the regex work
+_FULL = re.compile(
+    r"too many (?:concurrent |simultaneous |open )?(?:smtp )?(?:connections|sessions)"
+    r"|connection (?:count )?limit"
+    r"|maximum number of (?:concurrent )?(?:server )?(?:connections|sessions)"
+    r"|reached its limit for processing requests",
+    re.IGNORECASE,
+)
+_RATE = re.compile(
+    r"rate[ -]?limit|rate controlled|unusual rate|\b4\.7\.28\b|temporarily deferred"
+    r"|\[TSS?\d\d\]|\bRP-00\d\b|limits? for how many messages|too many (?:messages|mails)"
+    r"|server (?:is )?busy|try (?:again )?later|throttl|slow down",
+    re.IGNORECASE,
+)
 _SAFE_XTEXT = re.compile(r"[!-*,-<>-~]")  # RFC 3461 xtext: printable except + and =
 _XTEXT = re.compile(r"(?:[!-*,-<>-~]|\+[0-9A-F]{2})*")
 
@@ -28,6 +59,21 @@ def reply_dsn(code: int, message: str) -> str:
     if match is not None and match.group(1) == klass:
         return f"{match.group(1)}.{match.group(2)}.{match.group(3)}"
     return f"{klass}.0.0"
+
+
+def throttle_kind(code: int, text: str) -> Throttle | None:
+    """How a 4xx refusal of a session reads (module doc): "full", "rate" or None (a failure).
+
+    Only transient replies qualify: a 5xx refusal is never throttling.
+    """
+    if not 400 <= code < 500:
+        return None
+    head = text[:_THROTTLE_TEXT_LIMIT]
+    if _FULL.search(head):
+        return "full"
+    if _RATE.search(head):
+        return "rate"
+    return "full" if code == 421 else None
 
 
 def reply_text(response: SMTPResponse) -> str:
@@ -57,6 +103,7 @@ class Failure:
     reply: str
     relay: str = "none"
     site: bool = False  # site-level (THROTTLE class): may produce a hop status
+    throttle: Throttle | None = None  # the session was refused as "full" or "rate" (site only)
 
 
 class Lost(Exception):

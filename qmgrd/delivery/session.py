@@ -34,8 +34,9 @@ from typing import Any
 import aiosmtplib
 from aiosmtplib import SMTPResponse
 
+from qmgrd.delivery.agent import Throttle
 from qmgrd.delivery.mx import Destination, Endpoint
-from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text
+from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text, throttle_kind
 from qmgrd.delivery.sasl import Credentials, SaslClient
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient, TlsPolicy, describe
@@ -159,7 +160,9 @@ class Connector:
             sock.close()
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
             where = f" from {bind}" if bind and exc.errno == errno.EADDRNOTAVAIL else ""
-            return Failure("4.4.1", f"connect to {relay}{where}: {reason}", relay, True)
+            # A refused connection is what a full server (or its firewall) answers, too.
+            full: Throttle | None = "full" if exc.errno == errno.ECONNREFUSED else None
+            return Failure("4.4.1", f"connect to {relay}{where}: {reason}", relay, True, full)
         except BaseException:
             sock.close()
             raise
@@ -198,7 +201,7 @@ class Connector:
             if dsn.startswith("5") and s.skip_5xx_greeting:
                 dsn = "4" + dsn[1:]
             text = f"host {relay} refused to talk to me: {exc.code} {exc.message}"
-            return Failure(dsn, text, relay, True)
+            return Failure(dsn, text, relay, True, throttle_kind(exc.code, exc.message))
         except (aiosmtplib.SMTPException, OSError) as exc:
             smtp.close()
             cause = exc.__cause__ if wrapper else None
@@ -265,6 +268,7 @@ class Connector:
                 f"host {relay} refused to talk to me: {reply_text(response)}",
                 relay,
                 True,
+                throttle_kind(response.code, response.message) if response.code == 421 else None,
             )
         )
 

@@ -14,15 +14,18 @@ wakes at each change (``wait_messages``, ``wait_stalled`` for the usual ones).
 ``SinkConfig`` holds the knobs:
 
 - ``delay``: seconds to wait before answering MAIL, RCPT and DATA (a slow
-  server); ``stall``: commands (``"greeting"``, ``"EHLO"``, ``"MAIL"``,
-  ``"RCPT"``, ``"DATA"``, ``"DOT"`` = end of data) at which the server stops
+  server), each drawn uniformly from ``delay +/- delay_jitter`` (seeded by
+  ``jitter_seed``: a real server's service time varies); ``stall``: commands
+  (``"greeting"``, ``"EHLO"``, ``"MAIL"``, ``"RCPT"``, ``"DATA"``, ``"DOT"`` =
+  end of data) at which the server stops
   answering until ``release()`` or the server stops (for timeout tests without
   sleeping in the test; ``stalled`` lists the stages sessions stopped at);
 - ``rcpt_replies``: address → (code, text) replies to RCPT;
   ``mail_reply``, ``data_reply``: a fixed reply to MAIL / end of DATA;
 - ``greeting``: the greeting line (``"421 busy"``, ``"554 go away"``);
 - ``max_sessions``: beyond this many concurrent sessions, greet with 421 and
-  close;
+  close (decided when the connection arrives: connections still open, refused
+  ones included until they close, are counted, as Postfix's anvil does);
 - ``drop_in_data``: accept DATA with 354, read one line, drop the connection;
 - ``tls_context``: offer STARTTLS with this server context (e.g. from
   ``trustme``); ``break_starttls``: answer 220 to STARTTLS, then hang up
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -57,6 +61,8 @@ class SinkConfig:
     """Behaviour knobs of a sink server (see the module docstring)."""
 
     delay: float = 0.0
+    delay_jitter: float = 0.0
+    jitter_seed: int = 0
     stall: frozenset[str] = frozenset()
     rcpt_replies: dict[str, tuple[int, str]] = field(default_factory=dict)
     mail_reply: tuple[int, str] | None = None
@@ -139,6 +145,7 @@ class _SinkSMTP(_AioSMTP):
         super().__init__(_Handler(server), **kwargs)
         self._sink = server
         self._counted = False
+        self._over_limit = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._counted:
@@ -147,6 +154,10 @@ class _SinkSMTP(_AioSMTP):
             self._sink.connections += 1
             self._sink.active += 1
             self._sink.peak = max(self._sink.peak, self._sink.active)
+            # Decide admission in arrival order, as an anvil-style counter does: of six
+            # connections arriving together the first five are admitted, the sixth refused.
+            limit = self._sink.config.max_sessions
+            self._over_limit = bool(limit) and self._sink.active > limit
             self._sink.changes.notify()
         super().connection_made(transport)
 
@@ -164,7 +175,7 @@ class _SinkSMTP(_AioSMTP):
 
     async def _handle_client(self) -> None:
         cfg = self._sink.config
-        if cfg.max_sessions and self._sink.active > cfg.max_sessions:
+        if self._over_limit:
             self._sink.refused += 1
             await self.push("421 4.7.0 Too many concurrent sessions, try again later")
             self._hang_up()
@@ -249,6 +260,7 @@ class SinkServer:
         self._server: asyncio.Server | None = None
         self._protocols: set[_SinkSMTP] = set()
         self._release = asyncio.Event()
+        self._random = random.Random(self.config.jitter_seed)
 
     @property
     def nexthop(self) -> str:
@@ -284,9 +296,13 @@ class SinkServer:
         self.changes.notify()
 
     async def _pause(self, stage: str) -> None:
-        if self.config.delay and stage in ("MAIL", "RCPT", "DOT"):
+        cfg = self.config
+        if cfg.delay and stage in ("MAIL", "RCPT", "DOT"):
             # A slow server: the delay is the behaviour under test, not a wait for an event.
-            await asyncio.sleep(self.config.delay)
+            delay = cfg.delay
+            if cfg.delay_jitter:
+                delay += self._random.uniform(-cfg.delay_jitter, cfg.delay_jitter)
+            await asyncio.sleep(max(0.0, delay))
         if stage in self.config.stall and not self._release.is_set():
             self.stalled.append(stage)
             self.changes.notify()

@@ -136,6 +136,8 @@ def test_per_transport_set_is_the_notes_t_parameters() -> None:
         "destination_concurrency_failed_cohort_limit",
         "destination_rate_delay",
         "transport_rate_delay",
+        "destination_concurrency_learning",
+        "destination_throttle_delay",
     }
     assert PER_TRANSPORT["initial_destination_concurrency"].name == (
         "initial_destination_concurrency"
