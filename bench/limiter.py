@@ -20,8 +20,8 @@ sessions as occupying a server slot, which the seed's table shows makes no diffe
 It first prints the same experiment in simulation (tests/unit/core/limitersim.py: the real
 scheduler, learning off and on), then end to end: a baseline with feedback 0 (the window stays at
 5: the sink's capacity in msg/s), each feedback with ``default_destination_concurrency_learning =
-no``, and with ``--learning`` with ``yes``; the latter needs the engine to hand throttled results
-to ``Scheduler.entry_throttled`` (docs/limiter.md); without it those rows say so.
+no``, and with ``--learning`` with ``yes`` (the engine hands throttled results to
+``Scheduler.entry_throttled``, docs/limiter.md).
 ``run_limiter`` is what tests/integration/test_limiter_e2e.py calls.
 """
 
@@ -67,13 +67,6 @@ class LimiterRun:
         """Deferred recipients over all recipients (each had exactly one attempt)."""
         total = self.sent + self.deferred
         return self.deferred / total if total else 0.0
-
-
-def engine_supports_learning() -> bool:
-    """True once the engine hands throttled results to the scheduler (docs/limiter.md)."""
-    from qmgrd.daemon import engine
-
-    return "entry_throttled" in Path(engine.__file__).read_text(encoding="utf-8")
 
 
 async def run_limiter(
@@ -139,7 +132,6 @@ async def _main(args: argparse.Namespace) -> None:
 
 
 async def _table(args: argparse.Namespace) -> None:
-    learning_ok = engine_supports_learning()
     feedbacks = args.feedback or FEEDBACKS
     print(f"server admits {SERVER_LIMIT} sessions (421 beyond); client limit 20, initial 5")
     print(
@@ -171,9 +163,6 @@ async def _table(args: argparse.Namespace) -> None:
     if args.learning:
         rows += [(feedback, True) for feedback in feedbacks]
     for feedback, learning in rows:
-        if learning and not learning_ok:
-            print(f"{feedback:<20} {'on':<9} (needs the engine change, docs/limiter.md)")
-            continue
         with tempfile.TemporaryDirectory(prefix="qmgrd-limiter-") as tmp:
             run = await run_limiter(
                 Path(tmp),

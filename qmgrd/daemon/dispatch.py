@@ -15,7 +15,10 @@ one delivery task per entry, except:
 A delivery calls the agent and guards its contract: an agent that raises is
 a crash (every recipient deferred with ``4.3.0 unknown mail transport
 error``), an agent that returns too few results gets ``4.3.0 delivery agent
-gave no result`` for the missing ones. The outcome is recorded
+gave no result`` for the missing ones. A session refused because the destination is
+full or throttling (``result.throttle``) hands the entry back to the scheduler
+(``entry_throttled``: its destination's todo list, no feedback) when the scheduler
+accepts that reading; otherwise it is an ordinary hop failure. The outcome is recorded
 (``qmgrd.daemon.outcomes``) and only then does the scheduler hear of the
 entry: exactly once, whatever fails in between, so a message can never hang
 in core waiting for an entry nobody will complete.
@@ -132,6 +135,24 @@ class Dispatcher:
         result = complete(result, recipients)
         now = ctx.clock.now()
         hop = (result.hop.dsn, result.hop.reason) if result.hop else None
+        if (
+            not crashed
+            and result.throttle is not None
+            and hop is not None
+            and ctx.scheduler.entry_throttled(entry, kind=result.throttle, hop=hop, now=now)
+        ):
+            # The destination was full or asked us to slow down: the entry went back to its
+            # todo list untouched (nothing recorded, no feedback, no deferral to disk).
+            ctx.log.info(
+                "throttled",
+                queue_id=msg.queue_id,
+                transport=entry.transport,
+                nexthop=entry.nexthop,
+                kind=result.throttle,
+                reason=result.hop.reason if result.hop else "",
+            )
+            ctx.kick()
+            return
         try:
             await self.recorder.record(msg, result, now)
             self.recorder.log_results(msg, entry, result, started, now)

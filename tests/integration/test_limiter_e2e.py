@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.limiter import engine_supports_learning, run_limiter
+from bench.limiter import run_limiter
 
 
 @pytest.mark.slow
@@ -33,10 +33,6 @@ async def test_limiter_defer_rate_without_learning(
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not engine_supports_learning(),
-    reason="the engine does not call Scheduler.entry_throttled yet (docs/limiter.md)",
-)
 @pytest.mark.parametrize("feedback", ["1/concurrency", "1/sqrt_concurrency", "1"])
 async def test_limiter_with_learning_defers_at_most_two_percent(
     tmp_path: Path, feedback: str
