@@ -54,6 +54,7 @@ def peer_der(chat: Chat) -> bytes:
     """The DER certificate the server presented on the chat's TLS connection."""
     obj = chat.writer.get_extra_info("ssl_object")
     assert obj is not None, "not a TLS connection"
+    assert isinstance(obj, ssl.SSLObject)
     der = obj.getpeercert(binary_form=True)
     assert der is not None
     return der
@@ -61,7 +62,8 @@ def peer_der(chat: Chat) -> bytes:
 
 def file_der(cert: Path) -> bytes:
     """The DER form of the first certificate in a PEM file."""
-    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+    der: bytes = ssl.PEM_cert_to_DER_cert(cert.read_text())
+    return der
 
 
 def tls_settings(cert: Path, key: Path, **changes: object) -> TlsSettings:
