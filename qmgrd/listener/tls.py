@@ -19,7 +19,8 @@ Levels (Postfix's): ``none`` offers no STARTTLS; ``may`` offers it;
 ``530 5.7.0 Must issue a STARTTLS command first``. Wrapper mode (SMTPS, port
 465) starts TLS before the greeting. The protocol lists accept Postfix's two
 syntaxes: ``>=TLSv1.2`` and ``!SSLv2, !SSLv3, !TLSv1, !TLSv1.1``; SSLv2 and
-SSLv3 are never allowed. ``smtpd_tls_mandatory_protocols`` applies at level
+SSLv3 are never allowed, and TLSv1 / TLSv1.1 are never offered (RFC 8996)
+even where a list allows them. ``smtpd_tls_mandatory_protocols`` applies at level
 ``encrypt`` (and in wrapper mode), ``smtpd_tls_protocols`` otherwise, as in
 Postfix.
 """
@@ -111,9 +112,12 @@ def protocol_range(text: str, param: str) -> tuple[ssl.TLSVersion, ssl.TLSVersio
             pass  # Postfix's inclusion syntax: listing a name leaves it allowed
         else:
             raise ConfigError(f"{param}: unknown protocol {item!r} in {text!r}")
-    versions = [v for name, v in _VERSIONS if name in allowed]
+    # TLSv1 and TLSv1.1 are obsolete (RFC 8996): allowed in a list, never offered.
+    versions = [v for name, v in _VERSIONS if name in allowed and v >= ssl.TLSVersion.TLSv1_2]
     if not versions:
-        raise ConfigError(f"{param}: {text!r} allows no TLS protocol")
+        raise ConfigError(
+            f"{param}: {text!r} allows no TLS protocol qmgrd offers (TLSv1.2, TLSv1.3)"
+        )
     return versions[0], versions[-1]
 
 
@@ -143,7 +147,7 @@ def build_context(
     low, high = protocol_range(protocols, "smtpd_tls_protocols")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = low
-    ctx.maximum_version = high
+    ctx.maximum_version = high  # both TLSv1.2 or later: no deprecated version is set
     ctx.options |= ssl.OP_NO_COMPRESSION
     if chain_files:
         for path in chain_files:
