@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import Any
+from typing import Any, cast
 
 
 class Channel(asyncio.Protocol):
@@ -42,8 +42,8 @@ class Channel(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._buf += data

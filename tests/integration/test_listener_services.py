@@ -5,6 +5,8 @@ certificate errors refused at start and at reload."""
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -30,6 +32,7 @@ from tests.integration.test_listener_tls import (
 from tests.support.clock import FakeClock
 from tests.support.config import write_config
 from tests.support.logs import watch_logs
+from tests.support.process import DaemonProcess, running_daemon_process
 from tests.support.waits import TIMEOUT
 
 SUBMISSION = (
@@ -238,3 +241,54 @@ async def test_wrappermode_service_from_master_cf(
         assert isinstance(chat.writer.get_extra_info("ssl_object"), ssl.SSLObject)
     finally:
         await chat.close()
+
+
+def listening_port(proc: DaemonProcess, service: str) -> int:
+    """The port of ``service`` from the daemon's ``listening`` log line."""
+    for line in proc.lines:
+        if "listening" in line and f"service={service}," in line:
+            found = re.search(r"addresses=127\.0\.0\.1:(\d+)", line)
+            assert found, line
+            return int(found.group(1))
+    raise AssertionError(f"no listening line for {service}: {proc.lines}")
+
+
+@pytest.mark.slow
+async def test_qmgrd_run_renews_the_certificate_at_sighup(tmp_path: Path, ca: trustme.CA) -> None:
+    """``qmgrd run`` (its own event loop) serves STARTTLS on the main listener and wrapper
+    mode on a master.cf service; after the files are replaced, SIGHUP makes both present
+    the new certificate."""
+    cert, key = write_cert(ca, tmp_path)
+    conf = write_config(
+        tmp_path,
+        "smtpd_tls_security_level = may\n" + tls_main(cert, key),
+        master="127.0.0.1:0 inet n - n - - smtpd -o smtpd_tls_wrappermode=yes\n",
+    )
+    with running_daemon_process(conf) as proc:
+        main_port = listening_port(proc, "smtp")
+        smtps_port = listening_port(proc, "127.0.0.1:0")
+
+        async def presented() -> tuple[bytes, bytes]:
+            chat, _ = await open_chat(main_port)
+            try:
+                await chat.cmd("EHLO client.test")
+                await starttls(chat, client_context(ca))
+                via_starttls = peer_der(chat)
+                assert (await chat.cmd("EHLO client.test")).startswith("250")
+            finally:
+                await chat.close()
+            wrapped, greeting = await open_chat(smtps_port, ctx=client_context(ca))
+            try:
+                assert greeting.startswith("220 ")
+                return via_starttls, peer_der(wrapped)
+            finally:
+                await wrapped.close()
+
+        assert await presented() == (file_der(cert), file_der(cert))
+        (tmp_path / "new").mkdir()
+        new_cert, new_key = write_cert(ca, tmp_path / "new")
+        cert.write_bytes(new_cert.read_bytes())
+        key.write_bytes(new_key.read_bytes())
+        proc.send_signal(signal.SIGHUP)
+        await asyncio.to_thread(proc.wait_notify, "READY=1")
+        assert await presented() == (file_der(new_cert), file_der(new_cert))
