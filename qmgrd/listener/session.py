@@ -255,6 +255,17 @@ class Session:
         return bool(local) and str(local[0]) == self.client_addr
 
     @property
+    def with_protocol(self) -> str:
+        """The Received header's ``with`` keyword (RFC 3848): SMTP, ESMTP, ESMTPS, ESMTPSA, ..."""
+        if not self.dialogue.extended:
+            return "SMTP"
+        return (
+            "ESMTP"
+            + ("S" if self.tls is not None else "")
+            + ("A" if self.sasl_user is not None else "")
+        )
+
+    @property
     def starttls_offered(self) -> bool:
         """STARTTLS is configured and TLS is not active yet."""
         return self.settings.tls.starttls and self.tls is None

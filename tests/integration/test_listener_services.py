@@ -253,7 +253,6 @@ def listening_port(proc: DaemonProcess, service: str) -> int:
     raise AssertionError(f"no listening line for {service}: {proc.lines}")
 
 
-@pytest.mark.slow
 async def test_qmgrd_run_renews_the_certificate_at_sighup(tmp_path: Path, ca: trustme.CA) -> None:
     """``qmgrd run`` (its own event loop) serves STARTTLS on the main listener and wrapper
     mode on a master.cf service; after the files are replaced, SIGHUP makes both present

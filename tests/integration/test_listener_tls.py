@@ -297,3 +297,22 @@ def test_settings_without_a_certificate_are_refused() -> None:
         smtpd_timeout=1,
     )
     assert settings.tls.level == "none" and not settings.tls.starttls
+
+
+async def test_session_facts_for_the_received_header(tls_server: Listening, ca: trustme.CA) -> None:
+    """The session knows its RFC 3848 ``with`` keyword: ESMTP in clear, ESMTPSA after
+    STARTTLS and AUTH, with the TLS protocol and cipher at hand."""
+    chat, _ = await open_chat(tls_server.port)
+    try:
+        await chat.cmd("EHLO client.test")
+        (session,) = tls_server.handle.sessions
+        assert session.with_protocol == "ESMTP" and session.tls is None
+        await starttls(chat, client_context(ca))
+        await chat.cmd("EHLO client.test")
+        assert session.with_protocol == "ESMTPS"
+        assert (await chat.cmd("AUTH PLAIN " + _b64(f"\0alice\0{PASSWORD}"))).startswith("235")
+        assert session.with_protocol == "ESMTPSA"
+        assert session.tls is not None and session.tls.protocol.startswith("TLSv1.")
+        assert session.tls.cipher and session.tls.bits >= 128
+    finally:
+        await chat.close()
