@@ -15,10 +15,11 @@ success → ``250 2.0.0 Ok: queued as ID`` after the durable commit; a spool
 file system too full for the message → ``452 4.3.1`` at MAIL.
 
 SMTP AUTH (``smtpd_sasl_auth_enable``, ``smtpd_sasl_password_file``): PLAIN and
-LOGIN, offered over TLS and, in clear text, only to a client connecting from
-the loopback address it connects to; an authenticated client may relay from
-outside ``mynetworks``. See ``qmgrd.listener.auth`` for the password file
-format and ``python -m qmgrd.listener.auth hash USER``.
+LOGIN, offered over TLS and, in clear text, only to loopback clients (and
+when the listener offers STARTTLS, only to those also in ``mynetworks``); an
+authenticated client may relay from outside ``mynetworks``. See
+``qmgrd.listener.auth`` for the password file format and
+``python -m qmgrd.listener.auth hash USER``.
 
 TLS (``smtpd_tls_*``): STARTTLS at levels may/encrypt, wrapper mode, and the
 certificate checks in ``qmgrd.listener.tls``; the byte channel that makes

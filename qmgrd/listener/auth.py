@@ -25,7 +25,9 @@ the clear, so they are offered only on a secure channel: TLS (STARTTLS or
 wrapper mode, ``smtpd_tls_*``), or a client on a loopback address (the bytes
 never leave the host) unless ``smtpd_tls_auth_only = yes``
 (:func:`auth_allowed`). A client outside loopback never gets AUTH without
-TLS, whatever ``smtpd_tls_auth_only`` says. An authenticated client may relay even from outside
+TLS, whatever ``smtpd_tls_auth_only`` says; on a listener that offers
+STARTTLS, a loopback client outside ``mynetworks`` must use it too (the
+session checks that). An authenticated client may relay even from outside
 ``mynetworks`` (Postfix's ``permit_sasl_authenticated``).
 
 Checking a password costs tens to hundreds of milliseconds of CPU on purpose;

@@ -235,24 +235,14 @@ class Session:
         if self.settings.sasl_credentials is None:
             return False
         tls = self.settings.tls
-        if self.tls is None and not self._same_host():
+        if self.tls is None and tls.starttls and not self.relay_ok:
+            # The client could encrypt: clear text only for trusted local programs
+            # (loopback and mynetworks), not for whatever else reaches a loopback address.
             return False
         return auth_allowed(
             # Postfix: level encrypt implies smtpd_tls_auth_only = yes
-            self.client_addr,
-            tls=self.tls is not None,
-            auth_only=tls.auth_only or tls.required,
+            self.client_addr, tls=self.tls is not None, auth_only=tls.auth_only or tls.required
         )
-
-    def _same_host(self) -> bool:
-        """The client connected from the very address it connected to (127.0.0.1 to 127.0.0.1).
-
-        Clear-text AUTH is for this host's own programs. A client on another
-        loopback address (127.0.0.2) counts as remote: that is how local
-        proxies and containers present other hosts' clients.
-        """
-        local = self.chan.get_extra_info("sockname")
-        return bool(local) and str(local[0]) == self.client_addr
 
     @property
     def with_protocol(self) -> str:

@@ -264,6 +264,7 @@ async def test_qmgrd_run_renews_the_certificate_at_sighup(tmp_path: Path, ca: tr
         master="127.0.0.1:0 inet n - n - - smtpd -o smtpd_tls_wrappermode=yes\n",
     )
     with running_daemon_process(conf) as proc:
+        await proc.wait_line("service=127.0.0.1:0,")  # the output is read by a thread
         main_port = listening_port(proc, "smtp")
         smtps_port = listening_port(proc, "127.0.0.1:0")
 
