@@ -292,3 +292,40 @@ async def test_qmgrd_run_renews_the_certificate_at_sighup(tmp_path: Path, ca: tr
         proc.send_signal(signal.SIGHUP)
         await asyncio.to_thread(proc.wait_notify, "READY=1")
         assert await presented() == (file_der(new_cert), file_der(new_cert))
+
+
+def test_unknown_tls_level_is_refused_at_load(tmp_path: Path) -> None:
+    """``smtpd_tls_security_level = verify`` (a client-only level) is a ConfigError naming
+    main.cf's line and the parameter."""
+    conf = write_config(tmp_path, "smtpd_tls_security_level = verify\n")
+    with pytest.raises(ConfigError, match=r"main\.cf, line .*smtpd_tls_security_level"):
+        load_config(conf, hostname="mx.test")
+
+
+async def test_chain_files_replace_cert_and_key(
+    tmp_path: Path, ca: trustme.CA, started: list[Daemon]
+) -> None:
+    """``smtpd_tls_chain_files`` (a key, then its certificate chain, in one file) is what
+    STARTTLS presents; a chain file without a key is refused naming the parameter."""
+    leaf = ca.issue_cert("127.0.0.1")
+    chain = tmp_path / "chain.pem"
+    leaf.private_key_and_cert_chain_pem.write_to_path(str(chain))
+    conf = write_config(
+        tmp_path, f"smtpd_tls_security_level = may\nsmtpd_tls_chain_files = {chain}\n"
+    )
+    daemon = await start(conf, started)
+    assert daemon.listener is not None
+    chat, _ = await open_chat(daemon.listener.addresses[0][1])
+    try:
+        await chat.cmd("EHLO client.test")
+        await starttls(chat, client_context(ca))
+        assert peer_der(chat) == ssl.PEM_cert_to_DER_cert(leaf.cert_chain_pems[0].bytes().decode())
+    finally:
+        await chat.close()
+    certs_only = tmp_path / "certs.pem"
+    certs_only.write_bytes(leaf.cert_chain_pems[0].bytes())
+    (tmp_path / "etc" / "main.cf").write_text(
+        (tmp_path / "etc" / "main.cf").read_text().replace(str(chain), str(certs_only))
+    )
+    with pytest.raises(ConfigError, match="smtpd_tls_chain_files"):
+        listener_settings(load_config(tmp_path / "etc", hostname="mx.test"))
