@@ -175,11 +175,12 @@ class Config(_View):
     main_settings: Mapping[str, Setting]  # main.cf as written (postconf -n)
     defaults: Mapping[str, str]  # table defaults, host-dependent ones computed
     master: Mapping[str, MasterEntry]  # non-inet master.cf services by name (the transports)
-    inet_services: tuple[MasterEntry, ...]  # master.cf inet entries (informational)
+    inet_services: tuple[MasterEntry, ...]  # master.cf inet entries (the listeners)
     warnings: tuple[str, ...]
     _resolved: Mapping[str, Resolved]
     _transports: Mapping[str, TransportConfig]
     refused: tuple[str, ...] = ()  # Postfix parameters qmgrd cannot honour (strict=False only)
+    inet_views: tuple[TransportConfig, ...] = ()  # inet_services with their -o settings on top
 
     def transport(self, name: str) -> TransportConfig:
         """The view for master.cf service ``name``; ConfigError if there is no such service."""
@@ -315,6 +316,7 @@ def load_config(
 
     master: dict[str, MasterEntry] = {}
     inet: list[MasterEntry] = []
+    inet_views: list[TransportConfig] = []
     views: dict[str, TransportConfig] = {}
     for raw_entry in raw_entries:
         view_layers = Layers(main, defaults, services, overrides=raw_entry.overrides)
@@ -326,6 +328,9 @@ def load_config(
         entry = _master_entry(raw_entry, view_resolved)
         if is_inet:
             inet.append(entry)
+            inet_views.append(
+                TransportConfig(entry.name, entry, config_dir, MappingProxyType(view_resolved))
+            )
             continue
         for suffix, param in PER_TRANSPORT.items():
             full = view_resolved[f"{raw_entry.name}_{suffix}"]
@@ -355,6 +360,7 @@ def load_config(
         _resolved=MappingProxyType(resolved),
         _transports=MappingProxyType(views),
         refused=tuple(refused),
+        inet_views=tuple(inet_views),
     )
     from qmgrd.config.validate import check_values  # validate builds on Config: import late
 
@@ -377,4 +383,5 @@ def _master_entry(raw: RawMasterEntry, view: Mapping[str, Resolved]) -> MasterEn
         args=raw.args,
         file=raw.file,
         line=raw.line,
+        maxproc_given=raw.maxproc is not None,
     )

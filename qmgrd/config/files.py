@@ -16,11 +16,16 @@ master.cf lines are ``service type private unpriv chroot wakeup maxproc
 command [args]``; ``-o name=value`` (or ``-o { name = value }``, whose value
 may contain blanks) sets a parameter for that service. Every error raised
 here is a `ConfigError` naming the file and the line.
+
+An ``inet`` line is an SMTP listener (`inet_endpoint` reads its service
+field: ``submission``, ``587``, ``127.0.0.1:2525``); its command must be
+``smtpd``, the only server qmgrd has.
 """
 
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +71,7 @@ class MasterEntry:
     args: tuple[str, ...] = ()  # command arguments other than -o settings
     file: Path = field(default=Path("master.cf"))
     line: int = 0
+    maxproc_given: bool = False  # maxproc was a number, not "-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +183,16 @@ def _parse_master_line(line: str, path: Path, number: int) -> RawMasterEntry:
             f"{path}, line {number}: service {name}: bad type {type_!r} "
             f"(expected one of {', '.join(sorted(_MASTER_TYPES))})"
         )
+    if type_ == "inet":
+        try:
+            inet_endpoint(name)
+        except ValueError as exc:
+            raise ConfigError(f"{path}, line {number}: service {name}: {exc}") from None
+        if command != "smtpd":
+            raise ConfigError(
+                f"{path}, line {number}: service {name}: inet services must run smtpd "
+                f"(qmgrd has no {command}); remove the line"
+            )
     maxproc: int | None = None
     if maxproc_text != "-":
         if not maxproc_text.isdigit():
@@ -207,6 +223,47 @@ def _parse_master_line(line: str, path: Path, number: int) -> RawMasterEntry:
     return RawMasterEntry(
         name, type_, maxproc, command, tuple(args), MappingProxyType(overrides), path, number
     )
+
+
+# Postfix looks service names up in /etc/services; these are fixed so that a
+# minimal container without that file reads the usual master.cf the same way.
+_SERVICE_PORTS: Mapping[str, int] = MappingProxyType(
+    {"smtp": 25, "submission": 587, "smtps": 465, "submissions": 465}
+)
+
+
+def inet_endpoint(name: str) -> tuple[str | None, int]:
+    """An inet service name as (host, port): ``submission`` -> (None, 587), ``127.0.0.1:2525``.
+
+    A bare port or service name (no host) gives None: the listener binds it
+    on the hosts of ``smtpd_listen``, as Postfix binds on ``inet_interfaces``.
+    ``[::1]:587`` and ``*:587`` (every address, host "") are accepted.
+    ValueError says what is wrong.
+    """
+    host: str | None = None
+    service = name
+    if name.startswith("["):
+        close = name.find("]:")
+        if close < 0:
+            raise ValueError(f"bad address {name!r} (expected [host]:port)")
+        host, service = name[1:close], name[close + 2 :]
+    elif ":" in name:
+        host, _, service = name.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"bad address {name!r} (write an IPv6 address as [addr]:port)")
+        host = "" if host == "*" else host
+    if service.isdigit():
+        port = int(service)
+    elif service in _SERVICE_PORTS:
+        port = _SERVICE_PORTS[service]
+    else:
+        try:
+            port = socket.getservbyname(service, "tcp")
+        except OSError:
+            raise ValueError(f"unknown service {service!r} (use a port number)") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"bad port {service!r}")
+    return host, port
 
 
 def parse_master_cf(text: str, path: Path) -> list[RawMasterEntry]:

@@ -564,7 +564,7 @@ _TABLE: tuple[Param, ...] = (
         "smtpd_sasl_auth_enable",
         _B,
         "no",
-        "offer SMTP AUTH PLAIN/LOGIN (loopback clients only: the listener has no TLS)",
+        "offer SMTP AUTH PLAIN/LOGIN (over TLS, or to loopback clients)",
     ),
     Param(
         "smtpd_sasl_password_file",
@@ -579,6 +579,31 @@ _TABLE: tuple[Param, ...] = (
         "0",
         "free spool bytes to keep; MAIL gets 452 4.3.1 when a message would not fit",
         minimum=0,
+    ),
+    # --- SMTP listener: TLS (issue 11) ---
+    Param(
+        "smtpd_tls_security_level",
+        _S,
+        "",
+        "listener TLS: none (or empty), may (offer STARTTLS), encrypt (require it)",
+        choices=("", "none", "may", "encrypt"),
+    ),
+    Param("smtpd_tls_cert_file", _S, "", "PEM certificate (and chain) of the listener"),
+    Param("smtpd_tls_key_file", _S, "$smtpd_tls_cert_file", "PEM private key of the listener"),
+    Param(
+        "smtpd_tls_chain_files",
+        _L,
+        "",
+        "PEM files each with a key then its certificate chain (instead of cert/key files)",
+    ),
+    Param("smtpd_tls_wrappermode", _B, "no", "TLS from the first byte (SMTPS, port 465)"),
+    Param("smtpd_tls_auth_only", _B, "no", "offer AUTH only over TLS, loopback clients too"),
+    Param("smtpd_tls_protocols", _S, ">=TLSv1", "TLS protocols allowed at level may"),
+    Param(
+        "smtpd_tls_mandatory_protocols",
+        _S,
+        ">=TLSv1",
+        "TLS protocols allowed at level encrypt and in wrapper mode",
     ),
     # --- SMTP listener: client limits (Postfix's anvil and error counters) ---
     Param(

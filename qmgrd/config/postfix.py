@@ -91,8 +91,11 @@ CLIENT_SASL = (
     "(no Cyrus or Dovecot plug-ins, no auth cache), so this setting would not apply; remove it"
 )
 SERVER_TLS = (
-    "qmgrd's listener has no TLS (it is meant for loopback clients), so clients would talk "
-    "in clear text; remove it, or terminate TLS in front of qmgrd"
+    "qmgrd's listener implements smtpd_tls_security_level (none, may, encrypt), "
+    "smtpd_tls_cert_file / key_file / chain_files, smtpd_tls_wrappermode, smtpd_tls_auth_only "
+    "and the protocol lists, but not this one (no client certificates, no obsolete "
+    "smtpd_use_tls / smtpd_enforce_tls), so this TLS policy would not apply; remove it, or "
+    "express it with smtpd_tls_security_level"
 )
 RESTRICTIONS = (
     "qmgrd's listener applies no access restrictions beyond mynetworks (who may relay) and "

@@ -48,7 +48,8 @@ from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
-from qmgrd.listener import ListenerHandle, ListenerSettings, start_listener
+from qmgrd.listener import ListenerHandle, start_listener
+from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger
 from qmgrd.spool import QueueIdGenerator, Spool
 
@@ -153,7 +154,8 @@ class Daemon:
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
         self.control: ControlServer | None = None
-        self.listener: ListenerHandle | None = None
+        self.listener: ListenerHandle | None = None  # smtpd_listen
+        self.services: dict[str, ListenerHandle] = {}  # master.cf inet listeners by name
         self._task: asyncio.Task[None] | None = None
         self._stack = contextlib.AsyncExitStack()
 
@@ -183,15 +185,27 @@ class Daemon:
                     ) from exc
                 self._stack.push_async_callback(server.aclose)
             if listen:
-                self.listener = await start_listener(
-                    ListenerSettings.from_config(self.cfg),
-                    self.spool,
-                    on_commit=self.engine.notify_incoming,
-                )
-                self._stack.push_async_callback(self._close_listener)
+                await self._start_listeners()
         except BaseException:
             await self._stack.aclose()
             raise
+
+    async def _start_listeners(self) -> None:
+        """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
+        main, *others = listener_settings(self.cfg)  # every certificate checked first
+        self.listener = await start_listener(
+            main, self.spool, on_commit=self.engine.notify_incoming
+        )
+        self._stack.push_async_callback(self._close_listener)
+        for settings in others:
+            handle = await start_listener(
+                settings,
+                self.spool,
+                on_commit=self.engine.notify_incoming,
+                committer=self.listener.committer,
+                passwords=self.listener.ctx.passwords,
+            )
+            self.services[settings.service] = handle
 
     async def _started(self) -> None:
         """Wait for the engine's startup recovery (or its failure, which is then raised)."""
@@ -214,16 +228,38 @@ class Daemon:
             self.task.result()  # an engine crash is fatal: surface it
 
     def reload(self) -> bool:
-        """SIGHUP: apply the configuration files again; False (old one kept) if refused."""
+        """SIGHUP: apply the configuration files again; False (old one kept) if refused.
+
+        The listeners' settings (certificates included) are built first: a
+        missing or mismatched certificate refuses the whole reload. New
+        sessions then use the new settings (a renewed certificate). A changed
+        set of listen addresses or inet services needs a restart (logged).
+        """
+        listeners = None
+        if self.listener is not None:
+            try:
+                listeners = listener_settings(load_config(self.cfg.config_dir))
+            except (ConfigError, ValueError) as exc:
+                get_logger("master").error(
+                    f"reload refused, keeping the running configuration: {exc}"
+                )
+                return False
         new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg)
         if new_cfg is None:
             return False
         self.cfg = new_cfg
-        if self.listener is not None:
-            try:
-                self.listener.update(ListenerSettings.from_config(new_cfg))
-            except (ConfigError, ValueError) as exc:
-                get_logger("master").error(f"listener settings not reloaded: {exc}")
+        if self.listener is not None and listeners is not None:
+            main, *others = listeners
+            self.listener.update(main)
+            names = {s.service for s in others}
+            if names != set(self.services):
+                get_logger("master").warning(
+                    "master.cf inet services changed; restart qmgrd to start or stop listeners"
+                )
+            for settings in others:
+                handle = self.services.get(settings.service)
+                if handle is not None:
+                    handle.update(settings)
         return True
 
     async def stop(self) -> None:
@@ -236,6 +272,10 @@ class Daemon:
             await self._task
 
     async def _close_listener(self) -> None:
+        for name, handle in list(self.services.items()):
+            handle.close()
+            await handle.wait_closed()
+            del self.services[name]
         if self.listener is not None:
             self.listener.close()
             await self.listener.wait_closed()

@@ -15,14 +15,24 @@ success → ``250 2.0.0 Ok: queued as ID`` after the durable commit; a spool
 file system too full for the message → ``452 4.3.1`` at MAIL.
 
 SMTP AUTH (``smtpd_sasl_auth_enable``, ``smtpd_sasl_password_file``): PLAIN and
-LOGIN, offered only to loopback clients (no TLS yet); an authenticated client
-may relay from outside ``mynetworks``. See ``qmgrd.listener.auth`` for the
-password file format and ``python -m qmgrd.listener.auth hash USER``.
+LOGIN, offered over TLS and, in clear text, only to loopback clients (and
+when the listener offers STARTTLS, only to those also in ``mynetworks``); an
+authenticated client may relay from outside ``mynetworks``. See
+``qmgrd.listener.auth`` for the password file format and
+``python -m qmgrd.listener.auth hash USER``.
+
+TLS (``smtpd_tls_*``): STARTTLS at levels may/encrypt, wrapper mode, and the
+certificate checks in ``qmgrd.listener.tls``; the byte channel that makes
+STARTTLS safe against pipelined injection is ``qmgrd.listener.channel``.
+Several listeners (smtpd_listen plus master.cf ``inet`` lines) are described
+by ``qmgrd.listener.services.listener_settings``; each is one
+``start_listener`` call sharing a group committer and password pool.
 
 Layout: ``protocol`` (the sans-IO state machine: framing, DATA, dialogue
 phases), ``session`` (the asyncio adapter, one per connection), ``commands``
 (one handler per SMTP verb), ``esmtp`` and ``address`` (argument parsing),
-``auth`` (password file, PLAIN/LOGIN, the password pool), ``limits``
+``auth`` (password file, PLAIN/LOGIN, the password pool), ``tls``,
+``channel``, ``services`` (which listeners), ``limits``
 (per-client counters), ``server`` (accepting, admission, shutdown),
 ``settings``. Messages are written to the spool as they arrive
 (``qmgrd.spool.writer``).

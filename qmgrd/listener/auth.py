@@ -21,10 +21,13 @@ the line), so a file copied from a Postfix sasldb dump cannot silently work.
 Mechanisms and transport security
 ---------------------------------
 PLAIN (RFC 4616) and LOGIN (draft-murchison-sasl-login) send the password in
-the clear, so they are offered only on a secure channel: TLS, or a client on a
-loopback address (the bytes never leave the host). The listener has no TLS
-today, so in practice AUTH is offered to loopback clients only
-(:func:`auth_allowed`). An authenticated client may relay even from outside
+the clear, so they are offered only on a secure channel: TLS (STARTTLS or
+wrapper mode, ``smtpd_tls_*``), or a client on a loopback address (the bytes
+never leave the host) unless ``smtpd_tls_auth_only = yes``
+(:func:`auth_allowed`). A client outside loopback never gets AUTH without
+TLS, whatever ``smtpd_tls_auth_only`` says; on a listener that offers
+STARTTLS, a loopback client outside ``mynetworks`` must use it too (the
+session checks that). An authenticated client may relay even from outside
 ``mynetworks`` (Postfix's ``permit_sasl_authenticated``).
 
 Checking a password costs tens to hundreds of milliseconds of CPU on purpose;
@@ -244,10 +247,12 @@ def load_password_file(path: Path) -> Credentials:
     return parse_password_file(text, str(path))
 
 
-def auth_allowed(client_addr: str, *, tls: bool) -> bool:
-    """Whether PLAIN/LOGIN may be offered: over TLS, or to a loopback client."""
+def auth_allowed(client_addr: str, *, tls: bool, auth_only: bool = False) -> bool:
+    """Whether PLAIN/LOGIN may be offered: over TLS, or (unless ``auth_only``) to loopback."""
     if tls:
         return True
+    if auth_only:
+        return False
     try:
         ip = ipaddress.ip_address(client_addr.split("%", 1)[0])
     except ValueError:

@@ -45,6 +45,8 @@ async def _greet(s: Session, arg: str, *, extended: bool) -> None:
         return
     limit = s.settings.message_size_limit
     lines = [s.settings.myhostname, "PIPELINING", f"SIZE {limit}" if limit else "SIZE"]
+    if s.starttls_offered:
+        lines.append("STARTTLS")
     if s.auth_offered:
         lines.append("AUTH PLAIN LOGIN")
     lines += ["ENHANCEDSTATUSCODES", "8BITMIME", "DSN", "SMTPUTF8"]
@@ -53,10 +55,16 @@ async def _greet(s: Session, arg: str, *, extended: bool) -> None:
     s.reply(f"250 {lines[-1]}")
 
 
+_MUST_STARTTLS = "530 5.7.0 Must issue a STARTTLS command first"
+
+
 async def mail(s: Session, arg: str) -> None:
     error = s.dialogue.sequence_error("MAIL")
     if error:
         s.reply(error)
+        return
+    if s.tls_required():
+        s.reply(_MUST_STARTTLS)
         return
     if arg[:5].upper() != "FROM:":
         s.reply("501 5.5.4 Syntax: MAIL FROM:<address>")
@@ -109,6 +117,9 @@ async def mail(s: Session, arg: str) -> None:
 async def rcpt(s: Session, arg: str) -> None:
     error = s.dialogue.sequence_error("RCPT")
     txn = s.txn
+    if s.tls_required() and not error:
+        s.reply(_MUST_STARTTLS)
+        return
     if error or txn is None:
         s.reply(error or "503 5.5.1 Error: need MAIL command")
         return
@@ -158,6 +169,9 @@ async def rcpt(s: Session, arg: str) -> None:
 async def data(s: Session, arg: str) -> None:
     error = s.dialogue.sequence_error("DATA")
     txn = s.txn
+    if s.tls_required() and not error:
+        s.reply(_MUST_STARTTLS)
+        return
     if error or txn is None:
         s.reply(error or "503 5.5.1 Error: need RCPT command")
         return
@@ -213,6 +227,24 @@ async def vrfy(s: Session, arg: str) -> None:
     s.reply("502 5.5.1 VRFY command is disabled")
 
 
+async def starttls(s: Session, arg: str) -> None:
+    """RFC 3207 STARTTLS: 220, the handshake, then a new dialogue (``Session.starttls``)."""
+    if not s.starttls_offered:
+        s.reply(
+            "554 5.5.1 Error: TLS already active"
+            if s.tls is not None
+            else "502 5.5.1 Error: command not implemented"
+        )
+        return
+    if arg:
+        s.reply("501 5.5.4 Syntax: STARTTLS")
+        return
+    if s.dialogue.in_transaction:
+        s.reply("503 5.5.1 Error: MAIL transaction in progress")
+        return
+    await s.starttls()
+
+
 async def quit_(s: Session, arg: str) -> None:
     await s.abort_transaction()
     s.reply("221 2.0.0 Bye")
@@ -225,7 +257,8 @@ async def quit_(s: Session, arg: str) -> None:
 async def auth(s: Session, arg: str) -> None:
     """RFC 4954 AUTH with PLAIN or LOGIN, checked on the password pool.
 
-    Offered only to loopback (or TLS) clients, after EHLO, outside a
+    Offered only to TLS (or, unless ``smtpd_tls_auth_only``, loopback) clients;
+    at level encrypt AUTH before STARTTLS gets 530 5.7.0. After EHLO, outside a
     transaction, once per session. ``smtpd_client_auth_rate_limit`` AUTH
     commands per ``anvil_rate_time_unit`` per client (outside
     ``smtpd_client_event_limit_exceptions``) get ``450 4.7.1``; three
@@ -236,6 +269,9 @@ async def auth(s: Session, arg: str) -> None:
     error = s.dialogue.sequence_error("AUTH")
     if error:
         s.reply(error)
+        return
+    if s.tls_required() and creds is not None:
+        s.reply(_MUST_STARTTLS)
         return
     if creds is None or not s.dialogue.extended or not s.auth_offered:
         s.reply("503 5.5.1 Error: authentication not enabled")
@@ -347,4 +383,5 @@ HANDLERS: dict[str, Handler] = {
     "VRFY": vrfy,
     "QUIT": quit_,
     "AUTH": auth,
+    "STARTTLS": starttls,
 }

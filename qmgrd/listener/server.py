@@ -38,11 +38,13 @@ import contextlib
 import errno
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Callable
 
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
+from qmgrd.listener.channel import Channel
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
@@ -71,6 +73,7 @@ class ListenerHandle:
         "_tasks",
         "committer",
         "ctx",
+        "owns_shared",
         "sessions",
         "settings",
     )
@@ -88,6 +91,7 @@ class ListenerHandle:
         self.committer = ctx.committer
         self.sessions: set[Session] = set()
         self.settings = settings
+        self.owns_shared = True  # wait_closed closes the committer and password pool
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._check_cap(settings)
 
@@ -186,13 +190,27 @@ class ListenerHandle:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+        chan = Channel(_READ_LIMIT)
+        wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
-            reader, writer = await asyncio.open_connection(sock=conn, limit=_READ_LIMIT)
-        except OSError:
+            async with asyncio.timeout(settings.smtpd_timeout):
+                await self._loop.connect_accepted_socket(
+                    lambda: chan,
+                    sock=conn,
+                    ssl=wrapper,
+                    ssl_handshake_timeout=settings.smtpd_timeout if wrapper else None,
+                )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            if wrapper is not None:
+                get_logger("smtpd").info(
+                    "SSL_accept error",
+                    client=f"unknown[{addr}]",
+                    reason=getattr(exc, "reason", None) or str(exc) or type(exc).__name__,
+                )
             conn.close()
             self.ctx.counters.disconnect(addr)
             return
-        session = Session(reader, writer, settings, self.ctx, addr)
+        session = Session(chan, settings, self.ctx, addr)
         self.sessions.add(session)
         try:
             await session.run()
@@ -227,8 +245,9 @@ class ListenerHandle:
             session.close()
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=_CLOSE_WAIT)
-        await self.committer.close()
-        self.ctx.passwords.close()
+        if self.owns_shared:
+            await self.committer.close()
+            self.ctx.passwords.close()
 
 
 def fd_session_cap(nofile: int) -> int:
@@ -285,7 +304,9 @@ async def start_listener(
     """Bind every ``settings.listen`` address on the running loop and serve SMTP.
 
     ``on_commit(queue_id)`` runs after each durable commit (the engine's wake-up).
-    A bind failure is an operator error: ConfigError naming smtpd_listen.
+    A bind failure is an operator error: ConfigError naming smtpd_listen (or
+    the master.cf service). A ``committer`` or ``passwords`` passed in is
+    shared with other listeners: the caller closes it, not ``wait_closed``.
     """
     loop = asyncio.get_running_loop()
     ctx = ListenerContext(
@@ -296,18 +317,24 @@ async def start_listener(
         passwords=passwords or PasswordChecker(),
     )
     handle = ListenerHandle(loop, ctx, settings)
+    handle.owns_shared = committer is None and passwords is None
     for host, port in settings.listen:
         try:
             socks = _bind(host, port)
         except OSError as exc:
             handle.close()
-            ctx.passwords.close()
+            if passwords is None:
+                ctx.passwords.close()
+            what = "smtpd_listen" if settings.service == "smtp" else f"service {settings.service}"
             raise ConfigError(
-                f"smtpd_listen: cannot listen on {host}:{port}: {exc.strerror or exc}"
+                f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}"
             ) from exc
         for sock in socks:
             handle._listen(sock)
     get_logger("smtpd").info(
-        "listening", addresses=" ".join(f"{h}:{p}" for h, p in handle.addresses)
+        "listening",
+        service=settings.service,
+        addresses=" ".join(f"{h}:{p}" for h, p in handle.addresses),
+        tls=settings.tls.level if not settings.tls.wrappermode else "wrappermode",
     )
     return handle

@@ -24,18 +24,27 @@ full for the message (``queue_minfree``, at least 64 KiB, plus SIZE) → 452
 ``smtpd_hard_error_limit`` errors end the session with ``421 4.7.0 HOST
 Error: too many errors``; NOOP, VRFY, ETRN and RSET beyond
 ``smtpd_junk_command_limit`` count as errors. A session idle beyond
-``smtpd_timeout`` is closed (logged, no reply). AUTH: see ``auth_command``.
+``smtpd_timeout`` is closed (logged, no reply). AUTH: see ``commands.auth``.
+
+TLS (``smtpd_tls_*``, ``qmgrd.listener.tls``): ``starttls`` swaps the
+session's ``Channel`` for the TLS one and starts a fresh ``ServerProtocol``
+and ``Dialogue``: whatever the client pipelined after STARTTLS in clear
+text is discarded, never executed (CVE-2011-0411), and the client must send
+EHLO again (RFC 3207 §4.2). ``tls`` then holds the protocol and cipher (for
+the logs and a Received header's ``with ESMTPS``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qmgrd.errors import SpoolError
+from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
+from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.protocol import (
@@ -49,6 +58,7 @@ from qmgrd.listener.protocol import (
     ServerProtocol,
 )
 from qmgrd.listener.settings import ListenerSettings
+from qmgrd.listener.tls import TlsFacts, session_facts
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
@@ -89,6 +99,7 @@ class Session:
         "_disk",
         "_out",
         "auth_failures",
+        "chan",
         "client",
         "client_addr",
         "ctx",
@@ -98,25 +109,22 @@ class Session:
         "last_verb",
         "log",
         "proto",
-        "reader",
         "relay_ok",
         "sasl_method",
         "sasl_user",
         "settings",
+        "tls",
         "txn",
-        "writer",
     )
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        chan: Channel,
         settings: ListenerSettings,
         ctx: ListenerContext,
         client_addr: str,
     ) -> None:
-        self.reader = reader
-        self.writer = writer
+        self.chan = chan
         self.settings = settings
         self.ctx = ctx
         self.client_addr = client_addr
@@ -132,6 +140,7 @@ class Session:
         self.junk = 0
         self.last_verb = "CONNECT"
         self.log = get_logger("smtpd")
+        self.tls: TlsFacts | None = None
         self._out: list[bytes] = []
         self._closing = False
         self._disk: asyncio.Future[None] | None = None  # the queue file's thread work
@@ -141,22 +150,26 @@ class Session:
     async def run(self) -> None:
         """Serve the connection until QUIT, an error limit, a timeout or the client's close."""
         try:
+            if self.chan.tls:  # wrapper mode: the handshake was done at accept
+                self._tls_started()
             self.reply(f"220 {self.settings.banner}")
             await self._serve()
             await self.flush()
         except TimeoutError:
             self.log.info("timeout", after=self.last_verb, client=self.client)
+        except ssl.SSLError as exc:
+            self.log.info("SSL_accept error", client=self.client, reason=exc.reason or str(exc))
         except (ConnectionError, OSError):
             self.log.info("lost connection", after=self.last_verb, client=self.client)
         finally:
             try:
                 await self.abort_transaction()
             finally:
-                self.writer.close()
+                self.chan.close()
 
     def close(self) -> None:
         """Disconnect now (listener shutdown); ``run`` then cleans up."""
-        self.writer.transport.abort()
+        self.chan.abort()
 
     async def _serve(self) -> None:
         while not self._closing:
@@ -189,7 +202,7 @@ class Session:
                 return event
             await self.flush()
             async with asyncio.timeout(self.settings.smtpd_timeout):
-                data = await self.reader.read(_READ_SIZE)
+                data = await self.chan.read(_READ_SIZE)
             if data:
                 self.proto.receive_data(data)
             else:
@@ -204,11 +217,11 @@ class Session:
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""
         if self._out:
-            self.writer.write(b"".join(self._out))
+            self.chan.write(b"".join(self._out))
             self._out.clear()
-        if self.writer.transport.get_write_buffer_size() > _WRITE_HIGH:
+        if self.chan.write_buffer_size() > _WRITE_HIGH:
             async with asyncio.timeout(self.settings.smtpd_timeout):
-                await self.writer.drain()
+                await self.chan.drain()
 
     def end_session(self) -> None:
         """Close after the queued replies are written (QUIT, 421)."""
@@ -221,8 +234,64 @@ class Session:
         """AUTH is enabled and this channel may carry a clear-text password."""
         if self.settings.sasl_credentials is None:
             return False
-        tls = self.writer.get_extra_info("sslcontext") is not None
-        return auth_allowed(self.client_addr, tls=tls)
+        tls = self.settings.tls
+        if self.tls is None and tls.starttls and not self.relay_ok:
+            # The client could encrypt: clear text only for trusted local programs
+            # (loopback and mynetworks), not for whatever else reaches a loopback address.
+            return False
+        return auth_allowed(
+            # Postfix: level encrypt implies smtpd_tls_auth_only = yes
+            self.client_addr, tls=self.tls is not None, auth_only=tls.auth_only or tls.required
+        )
+
+    @property
+    def with_protocol(self) -> str:
+        """The Received header's ``with`` keyword (RFC 3848): SMTP, ESMTP, ESMTPS, ESMTPSA, ..."""
+        if not self.dialogue.extended:
+            return "SMTP"
+        return (
+            "ESMTP"
+            + ("S" if self.tls is not None else "")
+            + ("A" if self.sasl_user is not None else "")
+        )
+
+    @property
+    def starttls_offered(self) -> bool:
+        """STARTTLS is configured and TLS is not active yet."""
+        return self.settings.tls.starttls and self.tls is None
+
+    def tls_required(self) -> bool:
+        """Whether this command must wait for TLS (level encrypt, not yet encrypted)."""
+        return self.settings.tls.required and self.tls is None
+
+    async def starttls(self) -> None:
+        """Reply 220, hand over to TLS and start the dialogue afresh (module docstring).
+
+        A failed handshake raises (ssl.SSLError, ConnectionError, TimeoutError):
+        the session ends, as Postfix's does.
+        """
+        context = self.settings.tls.context
+        if context is None:
+            raise InvariantError("starttls without a TLS context")
+        self.reply("220 2.0.0 Ready to start TLS")
+        await self.flush()
+        await self.abort_transaction()
+        self.chan = await self.chan.start_tls(context, self.settings.smtpd_timeout)
+        self.proto = ServerProtocol()  # bytes pipelined before the handshake are gone
+        self.dialogue = Dialogue()
+        self.sasl_user = self.sasl_method = None
+        self._tls_started()
+
+    def _tls_started(self) -> None:
+        self.tls = session_facts(self.chan.get_extra_info("ssl_object"))
+        if self.tls is not None:
+            self.log.info(
+                "Anonymous TLS connection established",
+                client=self.client,
+                protocol=self.tls.protocol,
+                cipher=self.tls.cipher,
+                bits=self.tls.bits,
+            )
 
     def spool_has_room(self, size: int) -> bool:
         """Whether the spool's file system can take a message of ``size`` bytes now."""

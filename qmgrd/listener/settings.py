@@ -1,4 +1,9 @@
-"""The listener's settings: a frozen view of the smtpd parameters it needs."""
+"""The listener's settings: a frozen view of the smtpd parameters it needs.
+
+``from_config(cfg)`` reads main.cf's values; ``from_config(cfg, view=...)``
+reads a master.cf inet service's view (its ``-o`` settings on top), which is
+how ``qmgrd.listener.services`` builds one settings object per listener.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +14,16 @@ from typing import Protocol
 
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import Credentials, load_password_file
+from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 class _ConfigLike(Protocol):
-    """The part of ``qmgrd.config.Config`` the listener reads."""
+    """The part of ``qmgrd.config.Config`` (or a service view) the listener reads."""
+
+    @property
+    def config_dir(self) -> Path: ...
 
     def get_str(self, name: str) -> str: ...
     def get_bool(self, name: str) -> bool: ...
@@ -65,6 +74,8 @@ class ListenerSettings:
     rate_time_unit: float = 60.0  # anvil_rate_time_unit, seconds
     junk_command_limit: int = 100  # smtpd_junk_command_limit
     hard_error_limit: int = 20  # smtpd_hard_error_limit
+    tls: TlsSettings = NO_TLS  # smtpd_tls_*
+    service: str = "smtp"  # master.cf service name (logs)
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
@@ -88,9 +99,18 @@ class ListenerSettings:
         return _in_networks(addr, nets)
 
     @classmethod
-    def from_config(cls, cfg: _ConfigLike) -> ListenerSettings:
+    def from_config(
+        cls,
+        cfg: _ConfigLike,
+        *,
+        where: dict[str, str] | None = None,
+        listen: tuple[tuple[str, int], ...] | None = None,
+        session_limit: int | None = None,
+        service: str = "smtp",
+    ) -> ListenerSettings:
+        """Settings from a configuration or service view; ``where`` prefixes TLS errors."""
         return cls(
-            listen=cfg.get_hostports("smtpd_listen"),
+            listen=listen if listen is not None else cfg.get_hostports("smtpd_listen"),
             myhostname=cfg.get_str("myhostname"),
             mynetworks=parse_networks(cfg.get_list("mynetworks")),
             message_size_limit=cfg.get_int("message_size_limit"),
@@ -100,13 +120,15 @@ class ListenerSettings:
             queue_minfree=cfg.get_int("queue_minfree"),
             sasl_credentials=_credentials(cfg),
             smtpd_banner=cfg.get_str("smtpd_banner"),
-            session_limit=cfg.get_int("smtpd_session_limit"),
+            session_limit=session_limit or cfg.get_int("smtpd_session_limit"),
             client_connection_limit=cfg.get_int("smtpd_client_connection_count_limit"),
             auth_rate_limit=cfg.get_int("smtpd_client_auth_rate_limit"),
             limit_exceptions=parse_networks(cfg.get_list("smtpd_client_event_limit_exceptions")),
             rate_time_unit=float(cfg.get_time("anvil_rate_time_unit")),
             junk_command_limit=cfg.get_int("smtpd_junk_command_limit"),
             hard_error_limit=cfg.get_int("smtpd_hard_error_limit"),
+            tls=tls_settings(cfg, where),
+            service=service,
         )
 
     def permits_relay(self, addr: str) -> bool:

@@ -111,7 +111,7 @@ def _load(tmp_path: Path, main: str, master: str = MASTER) -> None:
         ("smtpd_recipient_restrictions = reject_unknown_sender_domain", "no access restrictions"),
         ("smtpd_milters = inet:127.0.0.1:8891", "does not inspect"),
         ("content_filter = amavis:[127.0.0.1]:10024", "does not inspect"),
-        ("smtpd_tls_security_level = may", "has no TLS"),
+        ("smtpd_tls_req_ccert = yes", "no client certificates"),
         ("always_bcc = archive@example.com", "never adds recipients"),
     ],
 )

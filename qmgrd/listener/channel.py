@@ -1,0 +1,162 @@
+"""One client connection's byte channel: an asyncio Protocol with bounded reads and drain.
+
+A ``Channel`` is what a session reads from and writes to. It replaces the
+StreamReader/StreamWriter pair so that STARTTLS can be done with public
+asyncio APIs only and without carrying plaintext across the TLS boundary:
+
+- ``read(n)`` returns what arrived (at most ``n`` bytes), ``b""`` at end of
+  stream; the transport is paused while more than ``limit`` bytes wait, so a
+  client that sends faster than we handle is held back by TCP;
+- ``write`` / ``drain`` follow the transport's write flow control;
+- ``start_tls(ctx)`` (server side, ``loop.start_tls``) returns a NEW channel
+  on the TLS transport. Bytes the client sent before the handshake stay in
+  the old channel and are dropped with it: nothing pipelined after STARTTLS
+  in clear text can be read as if it came over TLS (CVE-2011-0411, the
+  STARTTLS command injection).
+
+A channel is never shared between sessions; nothing here reads a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any, cast
+
+
+class Channel(asyncio.Protocol):
+    """Bounded reading and flow-controlled writing over one transport (module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._eof = False
+        self._lost: BaseException | None = None
+        self._closed = False
+        self._paused = False  # we paused the transport's reading
+        self._write_paused = False
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > self.limit and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake_reader()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake_reader()
+        # Plain TCP: keep the transport open so queued replies can still be sent.
+        return not self.tls
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._lost = exc
+        self._eof = True
+        self._wake_reader()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc or ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the session's side -----------------------------------------------------------
+
+    @property
+    def tls(self) -> bool:
+        """Whether this channel runs over TLS."""
+        return self.get_extra_info("ssl_object") is not None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """The transport's extra info (``peername``, ``ssl_object``, ...)."""
+        if self.transport is None:
+            return default
+        return self.transport.get_extra_info(name, default)
+
+    async def read(self, n: int) -> bytes:
+        """At most ``n`` bytes that arrived, waiting for some; ``b""`` at the end of the stream."""
+        while not self._buf and not self._eof:
+            self._read_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._read_waiter
+            finally:
+                self._read_waiter = None
+        if not self._buf and self._lost is not None:
+            raise ConnectionResetError(str(self._lost))
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        if self._paused and len(self._buf) <= self.limit and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self._closed:
+            self.transport.write(data)
+
+    def write_buffer_size(self) -> int:
+        """Bytes written and not yet sent."""
+        if self.transport is None or self._closed:
+            return 0
+        return self.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        """Wait until the transport takes writes again; ConnectionError if the client is gone."""
+        if self._closed:
+            raise ConnectionResetError("connection lost")
+        if not self._write_paused:
+            return
+        self._drain_waiter = asyncio.get_running_loop().create_future()
+        await self._drain_waiter
+
+    def close(self) -> None:
+        """Close after sending what is queued."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping what is queued."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def start_tls(self, context: ssl.SSLContext, timeout: float) -> Channel:
+        """Handshake as the server; the new channel (this one and its unread bytes are dropped).
+
+        Raises ssl.SSLError, ConnectionError or TimeoutError when the
+        handshake fails; the connection is then closed.
+        """
+        if self.transport is None:
+            raise ConnectionResetError("connection lost")
+        loop = asyncio.get_running_loop()
+        await self.drain()
+        fresh = Channel(self.limit)
+        self._buf.clear()  # pipelined clear text: never read (CVE-2011-0411)
+        tls_transport = await loop.start_tls(
+            self.transport, fresh, context, server_side=True, ssl_handshake_timeout=timeout
+        )
+        if tls_transport is None:  # the loop closed the connection meanwhile
+            raise ConnectionResetError("connection closed during the TLS handshake")
+        fresh.connection_made(tls_transport)
+        self.transport = None  # owned by the TLS transport from now on
+        return fresh
+
+    def _wake_reader(self) -> None:
+        waiter = self._read_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
