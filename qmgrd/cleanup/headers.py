@@ -10,16 +10,11 @@ Contract
   first body line), exactly as in Postfix.
 - `HeaderClass` and `classify(name)`: which headers carry sender or recipient
   addresses (rewritten), which count as hops (``Received``, ``Delivered-To``).
-- `LineSplitter`: cuts a byte stream into lines (ending with LF, CR LF kept
-  as it came) holding at most ``limit`` bytes of a line; the excess of a
-  longer line is dropped and the line is flagged as truncated. Memory is
-  bounded by ``limit`` plus the chunk being fed.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
 
 _BLANKS = b" \t"
 
@@ -89,60 +84,3 @@ def line_ending(line: bytes) -> bytes:
     if line.endswith(b"\n"):
         return b"\n"
     return b""
-
-
-class LineSplitter:
-    """Split fed bytes into lines of at most ``limit`` bytes (longer ones truncated)."""
-
-    __slots__ = ("_buf", "_cr", "_dropping", "limit")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._buf = bytearray()
-        self._dropping = False  # inside a line already cut at limit
-        self._cr = False  # the last byte seen of the current line was CR
-
-    def feed(self, data: bytes) -> Iterator[tuple[bytes, bool]]:
-        """Yield (line, truncated) for each complete line in ``data`` (with its ending)."""
-        start = 0
-        end = len(data)
-        while start < end:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                self._append(data[start:])
-                return
-            self._append(data[start:nl])
-            line = bytes(self._buf)
-            if self._cr:
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-                ending = b"\r\n"
-            else:
-                ending = b"\n"
-            truncated = self._dropping
-            self._buf.clear()
-            self._dropping = False
-            self._cr = False
-            yield line + ending, truncated
-            start = nl + 1
-
-    def flush(self) -> tuple[bytes, bool] | None:
-        """The last line without an ending, if any."""
-        if not self._buf and not self._dropping:
-            return None
-        line, truncated = bytes(self._buf), self._dropping
-        self._buf.clear()
-        self._dropping = False
-        self._cr = False
-        return line, truncated
-
-    def _append(self, part: bytes) -> None:
-        if not part:
-            return
-        self._cr = part[-1] == 0x0D
-        room = self.limit - len(self._buf)
-        if len(part) > room:
-            self._buf += part[: max(room, 0)]
-            self._dropping = True
-        else:
-            self._buf += part

@@ -326,6 +326,13 @@ _TABLE: tuple[Param, ...] = (
     ),
     Param("mail_name", _S, "qmgrd", "the product name in greetings and bounces"),
     # --- cleanup at intake (qmgrd.cleanup) ---
+    Param(
+        "maildrop_directory",
+        _S,
+        "$queue_directory/maildrop",
+        "where sendmail leaves mail for the daemon's pickup (mode 1730, see README)",
+        qmgrd_only=True,
+    ),
     Param("myorigin", _S, "$myhostname", "domain appended to unqualified addresses of local mail"),
     Param("append_at_myorigin", _B, "yes", "qualify a bare local part (root) with @$myorigin"),
     Param("append_dot_mydomain", _B, "no", "append .$mydomain to user@host addresses"),
