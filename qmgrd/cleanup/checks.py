@@ -15,10 +15,11 @@ Contract
 Actions (header_checks(5)): ``REJECT [text]``, ``WARN [text]``, ``IGNORE``,
 ``REPLACE text``, ``PREPEND text``, ``HOLD [text]``, ``DISCARD [text]``,
 ``REDIRECT user@domain``, ``INFO [text]``, ``DUNNO`` and ``OK`` (no action).
-For ``smtp_header_checks`` (on the way out) the message is already
-accepted: Postfix's SMTP client then implements only ``DISCARD``, ``DUNNO``,
-``IGNORE``, ``INFO``, ``PREPEND``, ``REPLACE``, ``WARN``; the others are a
-start-up error there (``outbound=True``).
+For ``smtp_header_checks`` (on the way out, while DATA streams) the message
+is already accepted and the transaction under way: qmgrd implements
+``DUNNO``, ``OK``, ``IGNORE``, ``INFO``, ``PREPEND``, ``REPLACE`` and ``WARN``
+there; the others (Postfix's client also has ``DISCARD``) are a start-up
+error (``outbound=True``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ class Verb(enum.Enum):
 INBOUND = frozenset(Verb)
 OUTBOUND = frozenset(
     {
-        Verb.DISCARD,
         Verb.DUNNO,
         Verb.OK,
         Verb.IGNORE,

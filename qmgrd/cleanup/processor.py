@@ -46,8 +46,9 @@ from typing import Any
 
 from qmgrd.cleanup.addresses import Role, rewrite_header_value
 from qmgrd.cleanup.checks import Verb
-from qmgrd.cleanup.headers import HeaderClass, classify, header_name_length, line_ending
+from qmgrd.cleanup.headers import HeaderClass, classify, header_name_length
 from qmgrd.cleanup.settings import CleanupSettings
+from qmgrd.cleanup.stream import HeaderStream
 from qmgrd.cleanup.trace import mail_date, message_id, received_header
 from qmgrd.log import get_logger
 
@@ -95,103 +96,23 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
-class _State(enum.Enum):
-    START = "start"
-    HEADERS = "headers"
-    BODY = "body"
-
-
-class HeaderProcessor:
+class HeaderProcessor(HeaderStream):
     """One message's header section (module doc); feed bytes, write what comes back."""
 
-    __slots__ = (
-        "_cur",
-        "_cur_size",
-        "_cur_truncated",
-        "_eol",
-        "_hops",
-        "_info",
-        "_log",
-        "_partial",
-        "_partial_drop",
-        "_partial_kind",
-        "_seen",
-        "_settings",
-        "_state",
-        "outcome",
-    )
+    __slots__ = ("_hops", "_info", "_log", "_seen", "_settings", "outcome")
 
     def __init__(self, settings: CleanupSettings, info: MessageInfo, log: Any = None) -> None:
         self._settings = settings
         self._info = info
         self._log = log if log is not None else get_logger("cleanup")
-        self._state = _State.START
-        self._eol = b"\r\n"
-        self._cur: list[bytes] = []  # lines of the header being collected
-        self._cur_size = 0
-        self._cur_truncated = False
-        self._partial = bytearray()  # an incomplete line (headers only)
-        self._partial_drop = False
-        self._partial_kind: str | None = None  # "header" once a long line was classified
+        super().__init__(settings.header_size_limit)
         self._seen: set[str] = set()
         self._hops = 0
         self.outcome = Outcome()
 
-    # -- public ----------------------------------------------------------------------------
+    # -- hooks -------------------------------------------------------------------------
 
-    @property
-    def in_headers(self) -> bool:
-        """True until the header section has ended."""
-        return self._state is not _State.BODY
-
-    def feed(self, data: bytes) -> bytes:
-        """Process a chunk; the bytes to write now (possibly empty)."""
-        out = bytearray()
-        if self._state is _State.START:
-            self._start(data, out)
-        pos, end = 0, len(data)
-        while pos < end and self._state is _State.HEADERS:
-            nl = data.find(b"\n", pos)
-            stop = end if nl < 0 else nl + 1
-            self._add_partial(data[pos:stop], out)
-            pos = stop
-            if nl >= 0 and self._state is _State.HEADERS:
-                line, truncated = bytes(self._partial), self._partial_drop
-                if truncated:
-                    ending = {"lf": b"\n", "crlf": b"\r\n"}.get(self._partial_kind or "", self._eol)
-                    line = line.rstrip(b"\r\n") + ending
-                self._partial.clear()
-                self._partial_drop = False
-                self._partial_kind = None
-                self._line(line, truncated, out)
-        if pos < end and self._state is _State.BODY:
-            out += data[pos:]
-        return bytes(out)
-
-    def finish(self) -> bytes:
-        """End of message: the remaining bytes to write; `outcome` is final."""
-        out = bytearray()
-        if self._state is _State.START:
-            self._start(b"", out)
-        if self._state is _State.HEADERS:
-            if self._partial:
-                line, truncated = bytes(self._partial), self._partial_drop
-                self._partial.clear()
-                self._line(line + self._eol, truncated, out)
-            if self._state is _State.HEADERS:
-                self._flush_header(out)
-                self._end_headers(out, separator=False)
-        self._log_message_id()
-        return bytes(out)
-
-    # -- header section ----------------------------------------------------------------
-
-    def _start(self, data: bytes, out: bytearray) -> None:
-        first_nl = data.find(b"\n")
-        if (first_nl > 0 and data[first_nl - 1] == 0x0D) or first_nl < 0:
-            self._eol = b"\r\n"
-        else:
-            self._eol = b"\n"
+    def _begin(self, out: bytearray) -> None:
         info, s = self._info, self._settings
         text = received_header(
             myhostname=s.myhostname,
@@ -206,86 +127,19 @@ class HeaderProcessor:
             uid=info.uid,
         )
         out += self._encode_lines(text)
-        self._state = _State.HEADERS
 
-    def _add_partial(self, piece: bytes, out: bytearray) -> None:
-        """Append to the incomplete line, classifying and cutting a line that grows too long."""
-        limit = self._settings.header_size_limit
-        if self._partial_drop:
-            self._track_cr(piece)
-            return
-        if len(self._partial) + len(piece) <= limit:
-            self._partial += piece
-            return
-        # Too long to hold: decide now what this line is.
-        probe = bytes(self._partial) + piece[: max(0, limit)]
-        continuation = probe[:1] in (b" ", b"\t") and bool(self._cur)
-        if continuation or header_name_length(probe) > 0:
-            room = max(0, limit - len(self._partial))
-            self._partial += piece[:room]
-            self._partial_drop = True
-            self._track_cr(piece)
-            return
-        # Not a header: the header section ends before this line; the body takes it whole.
-        self._flush_header(out)
-        self._end_headers(out, separator=True)
-        out += self._partial
-        out += piece
-        self._partial.clear()
+    def _truncated(self) -> None:
+        self.outcome.truncated_headers += 1
+        self._log.warning(
+            "warning: header_size_limit exceeded: header truncated",
+            queue_id=self._info.queue_id,
+        )
 
-    def _track_cr(self, piece: bytes) -> None:
-        """Remember whether a dropped piece ended a CR LF line (for its re-added ending)."""
-        if piece.endswith(b"\n"):
-            self._partial_kind = "crlf" if piece.endswith(b"\r\n") else "lf"
+    def _done(self) -> None:
+        self._log_message_id()
 
-    def _line(self, line: bytes, truncated: bool, out: bytearray) -> None:
-        content = line.rstrip(b"\r\n")
-        if not content:
-            self._flush_header(out)
-            self._end_headers(out, separator=False)
-            out += line  # the empty line itself
-            return
-        if content[:1] in (b" ", b"\t") and self._cur:
-            self._add_to_header(line, truncated)
-            return
-        if header_name_length(content) > 0:
-            self._flush_header(out)
-            self._add_to_header(line, truncated)
-            return
-        self._flush_header(out)
-        self._end_headers(out, separator=True)
-        out += line
-
-    def _add_to_header(self, line: bytes, truncated: bool) -> None:
-        limit = self._settings.header_size_limit
-        if self._cur_truncated:
-            return
-        room = limit - self._cur_size
-        if len(line) > room or truncated:
-            if len(line) > room:
-                line = line[: max(room, 0)].rstrip(b"\r\n") + line_ending(line)
-            self._cur_truncated = True
-        if line.strip():
-            self._cur.append(line)
-            self._cur_size += len(line)
-
-    def _flush_header(self, out: bytearray) -> None:
-        if not self._cur:
-            return
-        raw = b"".join(self._cur)
-        if not raw.endswith(b"\n"):
-            raw += self._eol
-        truncated = self._cur_truncated
-        self._cur = []
-        self._cur_size = 0
-        self._cur_truncated = False
-        if truncated:
-            self.outcome.truncated_headers += 1
-            self._log.warning(
-                "warning: header_size_limit exceeded: header truncated",
-                queue_id=self._info.queue_id,
-            )
-        out += self._process_header(raw, truncated)
+    def _header(self, raw: bytes, truncated: bool) -> bytes:
+        return self._process_header(raw, truncated)
 
     def _process_header(self, raw: bytes, truncated: bool) -> bytes:
         s, outcome = self._settings, self.outcome
@@ -388,8 +242,8 @@ class HeaderProcessor:
             return None
         return None
 
-    def _end_headers(self, out: bytearray, *, separator: bool) -> None:
-        """Append missing headers; insert the empty line when the section ended without one."""
+    def _end(self, out: bytearray) -> None:
+        """Append the missing headers."""
         s, info = self._settings, self._info
         if info.local or s.always_add_missing_headers:
             seen = self._seen
@@ -410,15 +264,6 @@ class HeaderProcessor:
                 "resent-cc",
             }:
                 out += self._encode_lines(s.undisclosed_recipients_header)
-        if separator:
-            out += self._eol
-        self._state = _State.BODY
-
-    def _encode_lines(self, text: str) -> bytes:
-        lines = text.replace("\r\n", "\n").split("\n")
-        return b"".join(
-            line.encode("utf-8", "surrogateescape") + self._eol for line in lines if line
-        )
 
     def _log_message_id(self) -> None:
         mid = self.outcome.message_id

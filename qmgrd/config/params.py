@@ -403,6 +403,8 @@ _TABLE: tuple[Param, ...] = (
         "envelope_sender, header_sender, header_recipient",
         "what masquerade_domains rewrites",
     ),
+    Param("smtp_generic_maps", _L, "", "tables rewriting addresses on the way out (generic(5))"),
+    Param("smtp_header_checks", _L, "", "regexp:/pcre: tables applied to headers on the way out"),
     Param("header_checks", _L, "", "regexp:/pcre: tables applied to each header at intake"),
     Param("relayhost", _S, "", "next-hop for non-local mail (empty = direct MX delivery)"),
     Param("default_transport", _S, "smtp", "transport for destinations not in transport_maps"),
