@@ -55,6 +55,7 @@ class SmtpSettings:
     """Per-transport SMTP client behaviour (Postfix smtp(8) parameter names, prefix dropped)."""
 
     helo_name: str = "localhost"
+    myhostname: str = ""  # loop test: a server greeting with this name is ourselves ("" = off)
     dns_nameservers: tuple[str, ...] = ()
     dns_timeout: float = 10.0
     tls_security_level: str = "none"
@@ -141,6 +142,7 @@ class SmtpSettings:
         password_maps = _tables(tv, "smtp_sasl_password_maps")
         return cls(
             helo_name=tv.get_str("smtp_helo_name"),
+            myhostname=tv.get_str("myhostname"),
             dns_nameservers=tv.get_list("smtp_dns_nameservers"),
             tls_security_level=tv.get_str("smtp_tls_security_level") or "none",
             tls_cafile=_path(tv, "smtp_tls_CAfile"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from qmgrd.config import load_config
 from qmgrd.delivery.settings import SmtpSettings
@@ -81,3 +82,17 @@ def test_smtp_header_checks_refuses_actions_it_cannot_take(tmp_path: Path, actio
     cfg = load_config(conf, hostname="mx.test")
     with pytest.raises(ConfigError, match="smtp_header_checks"):
         SmtpSettings.from_transport(cfg.transport("smtp"))
+
+
+async def test_next_hop_greeting_with_my_hostname_loops_back(tmp_path: Path) -> None:
+    """A server that greets with our myhostname is ourselves: 5.4.6 loops back, nothing sent."""
+    async with smtp_sink() as sink:
+        conf = write_config(tmp_path, main=f"relayhost = {sink.nexthop}\nmyhostname = sink.test\n")
+        with capture_logs() as logs:
+            async with running_daemon(conf, listen=False) as d:
+                d.enqueue("s@src.example", ["r@dst.example"], CONTENT)
+                await d.wait_idle()
+    assert sink.messages == []
+    bounced = [e for e in logs if e.get("status") == "bounced" and e.get("to") == "<r@dst.example>"]
+    assert bounced and bounced[0]["dsn"] == "5.4.6"
+    assert "mail for" in str(bounced[0]) and "loops back to myself" in str(bounced[0])
