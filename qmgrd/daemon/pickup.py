@@ -36,10 +36,12 @@ from ``notify`` (after the unlink) or from its start-up scan, which
 before its maildrop file is gone.
 
 Outcomes: HOLD goes to ``hold/``; DISCARD removes the file with a log line;
-REJECT and "too many hops" are held too, with a log line saying so: Postfix
-returns such mail to the sender, which qmgrd's pickup cannot do yet (a
-difference from Postfix, README). A file that cannot be parsed is moved to
-``corrupt/`` with a warning naming the file, the uid and the reason.
+REJECT and "too many hops" return the message to its sender (a delivery
+status notification from the null sender, committed under the maildrop
+file's id, as Postfix's cleanup bounces refused pickup mail); with a null
+sender (nobody to return it to) the message is held instead. A file that
+cannot be parsed is moved to ``corrupt/`` with a warning naming the file,
+the uid and the reason.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +64,7 @@ from qmgrd.cleanup import (
     rewrite_recipient,
     rewrite_sender,
 )
+from qmgrd.delivery.dsn import DsnRecipient, compose_dsn
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, check_mailbox
 from qmgrd.log import get_logger
@@ -233,6 +237,19 @@ class Pickup:
             return None
         if outcome.redirect is not None:
             recipients = [outcome.redirect]
+        refused = outcome.disposition in (Disposition.REJECT, Disposition.TOO_MANY_HOPS)
+        if refused and sender and recipients:
+            return self._bounce(
+                path,
+                queue_id,
+                uid,
+                sender,
+                recipients,
+                arrival,
+                outcome.reply,
+                b"".join(parts),
+                message,
+            )
         hold = outcome.disposition is not Disposition.ACCEPT or not recipients
         if not recipients:
             recipients = [sender or s.rewriter.qualify("postmaster")]
@@ -260,6 +277,54 @@ class Pickup:
         self.log.info(f"uid={uid} from=<{sender}>", queue_id=queue_id)
         if not hold:
             self.notify(queue_id)
+        return queue_id
+
+    def _bounce(
+        self,
+        path: Path,
+        queue_id: str,
+        uid: int,
+        sender: str,
+        recipients: list[str],
+        arrival: float,
+        reply: str,
+        content: bytes,
+        message: MaildropMessage,
+    ) -> str | None:
+        """Return a refused message to its sender, as Postfix's cleanup does for pickup mail.
+
+        The notice is committed under the maildrop file's id, so a crash before
+        the unlink is recognised like any other half-done pickup.
+        """
+        code, _, text = reply.partition(" ")
+        status = text.split(" ", 1)[0] if text else "5.0.0"
+        now = self.clock()
+        body = compose_dsn(
+            reporting_mta=self.settings.myhostname,
+            queue_id=queue_id,
+            original_sender=sender,
+            arrival_time=datetime.fromtimestamp(arrival, UTC),
+            recipients=[
+                DsnRecipient(r, "failed", status, diagnostic_code=f"X-Postfix; {text}")
+                for r in recipients
+            ],
+            original_headers=content,
+            original_message=None if message.ret == "HDRS" else content,
+            envid=message.envid,
+            now=datetime.fromtimestamp(now, UTC),
+        )
+        envelope = Envelope(sender="", recipients=(RecipientSpec(sender),), arrival_time=now)
+        writer = Spool(self.spool.root, fsync=self.spool.fsync, ids=_FixedId(queue_id))
+        try:
+            writer.commit(envelope, body)
+        except SpoolError as exc:
+            self.log.warning(f"uid={uid}: cannot queue: {exc}; will retry", queue_id=queue_id)
+            return None
+        path.unlink(missing_ok=True)
+        self.log.info(
+            f"uid={uid} from=<{sender}>: {code} {text}; returned to sender", queue_id=queue_id
+        )
+        self.notify(queue_id)
         return queue_id
 
     def _reject(self, path: Path, name: str, uid: int | None, reason: str) -> None:

@@ -164,10 +164,10 @@ CHECKS = "regexp:{{/^X-Hold:/ HOLD review}, {/^X-Drop:/ DISCARD}, {/^X-Bad:/ REJ
 
 @pytest.mark.parametrize(
     ("header", "queue"),
-    [(b"X-Hold: 1", "hold"), (b"X-Drop: 1", None), (b"X-Bad: 1", "hold")],
+    [(b"X-Hold: 1", "hold"), (b"X-Drop: 1", None)],
 )
 def test_pickup_outcomes(tmp_path: Path, header: bytes, queue: str | None) -> None:
-    """HOLD -> hold/; DISCARD -> removed; REJECT -> hold/ (pickup cannot bounce yet)."""
+    """HOLD -> hold/; DISCARD -> removed, nothing queued."""
     p, spool, notified = _pickup(tmp_path, CHECKS)
     qid = new_queue_id()
     write_maildrop(p.maildrop, qid, encode_maildrop(_message(content=header + b"\n\nb\n")))
@@ -176,3 +176,39 @@ def test_pickup_outcomes(tmp_path: Path, header: bytes, queue: str | None) -> No
     for q in ("incoming", "hold"):
         assert spool.list_ids(q) == ([qid] if q == queue else [])
     assert not (p.maildrop / qid).exists()
+
+
+def test_pickup_reject_returns_to_sender(tmp_path: Path) -> None:
+    """REJECT at pickup: a DSN to the sender under the maildrop id (Postfix bounces it)."""
+    p, spool, notified = _pickup(tmp_path, CHECKS)
+    qid = new_queue_id()
+    write_maildrop(p.maildrop, qid, encode_maildrop(_message(content=b"X-Bad: 1\n\nb\n")))
+    p.scan()
+    assert notified == [qid] and spool.list_ids("incoming") == [qid]
+    qf = spool.open("incoming", qid)
+    assert qf.sender == ""
+    recipients, _ = qf.read_recipients(qf.first_recipient_offset, 10)
+    assert [r.address for r in recipients] == ["u@origin.test"]
+    content = (spool.root / "incoming" / qid).read_bytes()
+    assert b"Status: 5.7.1" in content and b"Undelivered Mail Returned to Sender" in content
+
+
+def test_pickup_too_many_hops_returns_to_sender(tmp_path: Path) -> None:
+    """hopcount_limit reached at pickup: returned with 5.4.0."""
+    p, spool, _ = _pickup(tmp_path)
+    qid = new_queue_id()
+    hops = b"Received: x\n" * 50
+    write_maildrop(p.maildrop, qid, encode_maildrop(_message(content=hops + b"\nb\n")))
+    p.scan()
+    content = (spool.root / "incoming" / qid).read_bytes()
+    assert b"Status: 5.4.0" in content
+
+
+def test_pickup_reject_with_null_sender_is_held(tmp_path: Path) -> None:
+    """Nobody to return it to: a refused null-sender message is held, not lost."""
+    p, spool, _ = _pickup(tmp_path, CHECKS)
+    qid = new_queue_id()
+    msg = _message(sender="", content=b"X-Bad: 1\n\nb\n")
+    write_maildrop(p.maildrop, qid, encode_maildrop(msg))
+    p.scan()
+    assert spool.list_ids("hold") == [qid]
