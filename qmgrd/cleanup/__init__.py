@@ -14,6 +14,11 @@ raises for any input.
 the envelope rewriting (qualification with myorigin, canonical maps,
 masquerading), pure.
 
+``decide(outcome) -> Decision`` (`intake`): what the SMTP listener does at the end
+of DATA (store, hold, reply, REDIRECT recipients).
+
+``Outbound`` (`outbound`): smtp_generic_maps / smtp_header_checks for the SMTP client.
+
 ``received_header``, ``message_id``, ``mail_date``, ``protocol_name`` (`trace`).
 ``HeaderChecks`` / ``open_header_checks`` (`checks`), also used on the way out.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from qmgrd.cleanup.addresses import AddressRewriter, Role, map_address, rewrite_header_value
 from qmgrd.cleanup.checks import Action, HeaderChecks, Verb, open_header_checks
+from qmgrd.cleanup.intake import Decision, decide
 from qmgrd.cleanup.processor import Disposition, HeaderProcessor, MessageInfo, Outcome
 from qmgrd.cleanup.settings import CleanupSettings
 from qmgrd.cleanup.trace import mail_date, message_id, protocol_name, received_header
@@ -30,6 +36,7 @@ __all__ = [
     "Action",
     "AddressRewriter",
     "CleanupSettings",
+    "Decision",
     "Disposition",
     "HeaderChecks",
     "HeaderProcessor",
@@ -37,6 +44,7 @@ __all__ = [
     "Outcome",
     "Role",
     "Verb",
+    "decide",
     "mail_date",
     "map_address",
     "message_id",
