@@ -153,7 +153,8 @@ class HeaderProcessor(HeaderStream):
                 outcome.disposition = Disposition.TOO_MANY_HOPS
                 outcome.reply = "554 5.4.0 Error: too many hops"
                 self._log.info(
-                    f"reject: header {name}: hopcount_limit {s.hopcount_limit} reached: "
+                    f"reject: header {raw[:name_len].decode('ascii', 'replace')}: "
+                    f"hopcount_limit {s.hopcount_limit} reached: "
                     "5.4.0 too many hops",
                     queue_id=self._info.queue_id,
                 )
@@ -267,7 +268,10 @@ class HeaderProcessor(HeaderStream):
 
     def _log_message_id(self) -> None:
         mid = self.outcome.message_id
-        if mid is not None and self.outcome.disposition is not Disposition.REJECT:
+        if mid is not None and self.outcome.disposition not in (
+            Disposition.REJECT,
+            Disposition.TOO_MANY_HOPS,
+        ):
             self._log.info("cleanup", queue_id=self._info.queue_id, message_id=mid)
 
 
