@@ -18,7 +18,9 @@ Contract
 - ``async run(stop)``: wait for a poke on the ``.wakeup`` FIFO (written by
   ``sendmail`` after each submission) or for `WAKEUP_INTERVAL` (60 s, Postfix's
   pickup wakeup time in master.cf) and scan, until ``stop`` is set. No
-  faster polling.
+  faster polling. Scans run in a worker thread; ``notify`` is then called on
+  the event loop's thread (``call_soon_threadsafe``), so it may be the
+  engine's ``notify_incoming``. ``ensure_dir()`` must have run (the FIFO).
 
 Exactly once (theory of operation)
 ----------------------------------
@@ -113,6 +115,7 @@ class Pickup:
         self.maildrop = maildrop
         self.settings = settings
         self.notify = notify
+        self._announce = notify  # run(): the same callback, posted to the loop's thread
         self.size_limit = size_limit
         self.warn_delay = warn_delay
         self.clock = clock
@@ -276,7 +279,7 @@ class Pickup:
         path.unlink(missing_ok=True)
         self.log.info(f"uid={uid} from=<{sender}>", queue_id=queue_id)
         if not hold:
-            self.notify(queue_id)
+            self._announce(queue_id)
         return queue_id
 
     def _bounce(
@@ -324,7 +327,7 @@ class Pickup:
         self.log.info(
             f"uid={uid} from=<{sender}>: {code} {text}; returned to sender", queue_id=queue_id
         )
-        self.notify(queue_id)
+        self._announce(queue_id)
         return queue_id
 
     def _reject(self, path: Path, name: str, uid: int | None, reason: str) -> None:
@@ -356,6 +359,12 @@ class Pickup:
             poked.set()
 
         loop.add_reader(read_fd, on_readable)
+        # scan() runs in a worker thread; the queue manager is told on the loop's thread
+
+        def announce(queue_id: str) -> None:
+            loop.call_soon_threadsafe(self.notify, queue_id)
+
+        self._announce = announce
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
@@ -373,5 +382,6 @@ class Pickup:
         finally:
             stopping.cancel()
             loop.remove_reader(read_fd)
+            self._announce = self.notify
             os.close(read_fd)
             os.close(keep_fd)
