@@ -78,7 +78,7 @@ from qmgrd.sendmail.maildrop import (
     read_maildrop,
     ready_names,
 )
-from qmgrd.spool import Envelope, QueueIdGenerator, RecipientSpec, Spool, is_queue_id
+from qmgrd.spool import Envelope, RecipientSpec, Spool, is_queue_id
 
 WAKEUP_INTERVAL = 60.0
 STALE_TEMP_AGE = 3600.0
@@ -86,15 +86,8 @@ CHUNK = 65536
 QUEUES = ("incoming", "active", "deferred", "hold", "corrupt")
 
 
-class _FixedId(QueueIdGenerator):
-    """Hands the spool one chosen queue id (the maildrop file's name)."""
-
-    def __init__(self, queue_id: str) -> None:
-        super().__init__()
-        self._fixed = queue_id
-
-    def next(self) -> str:
-        return self._fixed
+def _ignore(queue_id: str) -> None:
+    """recover(): the engine has not started; its first scan of incoming/ finds the file."""
 
 
 class Pickup:
@@ -149,7 +142,12 @@ class Pickup:
                     if now - st.st_mtime > STALE_TEMP_AGE:
                         path.unlink()
                         self.log.info("removed a stale maildrop temporary file", file=str(path))
-        return self.scan()
+        # the queue manager's start-up scan of incoming/ finds these: no notify yet
+        announce, self._announce = self._announce, _ignore
+        try:
+            return self.scan()
+        finally:
+            self._announce = announce
 
     # -- the work ----------------------------------------------------------------------
 
@@ -265,9 +263,8 @@ class Pickup:
             smtputf8=any(not r.isascii() for r in (sender, *recipients)),
             warn_time=int(arrival) + self.warn_delay if self.warn_delay > 0 else None,
         )
-        writer = Spool(self.spool.root, fsync=self.spool.fsync, ids=_FixedId(queue_id))
         try:
-            writer.commit(envelope, b"".join(parts))
+            self.spool.commit(envelope, b"".join(parts), queue_id=queue_id)
         except SpoolError as exc:
             self.log.warning(f"uid={uid}: cannot queue: {exc}; will retry", queue_id=queue_id)
             return None
@@ -317,9 +314,8 @@ class Pickup:
             now=datetime.fromtimestamp(now, UTC),
         )
         envelope = Envelope(sender="", recipients=(RecipientSpec(sender),), arrival_time=now)
-        writer = Spool(self.spool.root, fsync=self.spool.fsync, ids=_FixedId(queue_id))
         try:
-            writer.commit(envelope, body)
+            self.spool.commit(envelope, body, queue_id=queue_id)
         except SpoolError as exc:
             self.log.warning(f"uid={uid}: cannot queue: {exc}; will retry", queue_id=queue_id)
             return None

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from qmgrd.cleanup import CleanupSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import Credentials, load_password_file
 
@@ -65,6 +66,7 @@ class ListenerSettings:
     rate_time_unit: float = 60.0  # anvil_rate_time_unit, seconds
     junk_command_limit: int = 100  # smtpd_junk_command_limit
     hard_error_limit: int = 20  # smtpd_hard_error_limit
+    cleanup: CleanupSettings | None = None  # header processing at DATA; None = store as sent
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
@@ -88,7 +90,10 @@ class ListenerSettings:
         return _in_networks(addr, nets)
 
     @classmethod
-    def from_config(cls, cfg: _ConfigLike) -> ListenerSettings:
+    def from_config(
+        cls, cfg: _ConfigLike, *, cleanup: CleanupSettings | None = None
+    ) -> ListenerSettings:
+        """The settings from main.cf; ``cleanup`` is the daemon's (CleanupSettings.from_config)."""
         return cls(
             listen=cfg.get_hostports("smtpd_listen"),
             myhostname=cfg.get_str("myhostname"),
@@ -107,6 +112,7 @@ class ListenerSettings:
             rate_time_unit=float(cfg.get_time("anvil_rate_time_unit")),
             junk_command_limit=cfg.get_int("smtpd_junk_command_limit"),
             hard_error_limit=cfg.get_int("smtpd_hard_error_limit"),
+            cleanup=cleanup,
         )
 
     def permits_relay(self, addr: str) -> bool:

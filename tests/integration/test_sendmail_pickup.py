@@ -54,17 +54,11 @@ def make_pickup(conf: Path, spool: Spool, notify: object = None) -> Pickup:
 
 @contextlib.asynccontextmanager
 async def daemon_with_pickup(conf: Path) -> AsyncIterator[tuple[InProcessDaemon, Pickup]]:
-    """The engine plus a running pickup (the wiring run.py must do)."""
+    """The daemon (engine and its own running pickup, as ``qmgrd run`` wires them)."""
     daemon = await start_daemon(conf, listen=False)
-    pickup = make_pickup(conf, daemon.spool, daemon.engine.notify_incoming)
-    await asyncio.to_thread(pickup.recover)
-    stop = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(pickup.run(stop))
     try:
-        yield daemon, pickup
+        yield daemon, daemon.parts.pickup
     finally:
-        stop.set()
-        await asyncio.wait_for(task, TIMEOUT)
         await daemon.stop()
 
 
