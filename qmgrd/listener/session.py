@@ -16,6 +16,14 @@ read, whatever the message size or recipient count. The reply to DATA is
 file durable; a spool failure is ``451 4.3.0``. A refused, reset or aborted
 transaction (RSET, HELO, QUIT, timeout, lost connection, 552) leaves no file.
 
+Cleanup (``settings.cleanup``, the daemon always sets it): MAIL and RCPT
+addresses are rewritten (``qmgrd.cleanup.rewrite_sender``/``rewrite_recipient``)
+before their syntax check, and DATA streams through a ``HeaderProcessor``
+(``start_cleanup``) into the file; ``commands.data`` applies ``decide`` after
+the final dot. The queue id it writes into ``Received:`` is the writer's,
+drawn at MAIL. Session lines: ``connect``, ``disconnect`` with the command
+counts, ``lost connection`` / ``timeout`` / ``too many errors`` after a verb.
+
 Replies and limits follow Postfix's smtpd: ``message_size_limit`` → 552
 5.3.4 (the rest of the message is read and dropped), ``smtpd_recipient_limit``
 → 452 4.5.3, relaying outside mynetworks → 554 5.7.1, a spool file system too
