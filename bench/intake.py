@@ -9,6 +9,8 @@ keeps one session and sends messages back to back. Prints one line per
 
     .venv/bin/python bench/intake.py              # 1/10/50 clients x 1 KB/100 KB
     .venv/bin/python bench/intake.py --no-fsync   # the same without fsync (comparison)
+    .venv/bin/python bench/intake.py --cleanup none|on|checks20   # cleanup at DATA (default on:
+        Received:, hop count, missing headers; checks20: plus a 20-rule regexp header_checks)
 """
 
 from __future__ import annotations
@@ -27,11 +29,34 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _serve(root: str, fsync: bool) -> None:
+def _cleanup_settings(root: Path, mode: str) -> object:
+    """The daemon's CleanupSettings for a bench config (None: cleanup off)."""
+    if mode == "none":
+        return None
+    from qmgrd.cleanup import CleanupSettings
+    from qmgrd.config import load_config
+
+    conf = root / "etc"
+    conf.mkdir(parents=True, exist_ok=True)
+    main = f"myhostname = bench.test\nqueue_directory = {root / 'spool'}\n"
+    if mode == "checks20":
+        rules = "".join(f"/^Subject: .*never-matches-{i}/ REJECT rule {i}\n" for i in range(20))
+        (conf / "header_checks").write_text(rules)
+        main += f"header_checks = regexp:{conf / 'header_checks'}\n"
+    (conf / "main.cf").write_text(main)
+    shutil.copy(REPO / "config" / "master.cf", conf / "master.cf")
+    return CleanupSettings.from_config(load_config(conf, hostname="bench.test"))
+
+
+def _serve(root: str, fsync: bool, cleanup_mode: str = "on") -> None:
     """Child process: run the listener until stdin closes; print the port first."""
     sys.path.insert(0, str(REPO))
+    from qmgrd.cleanup import CleanupSettings
     from qmgrd.listener import ListenerSettings, start_listener
     from qmgrd.spool import Spool
+
+    cleanup = _cleanup_settings(Path(root).parent, cleanup_mode)
+    assert cleanup is None or isinstance(cleanup, CleanupSettings)
 
     async def main() -> None:
         spool = Spool(Path(root), fsync=fsync)
@@ -43,6 +68,7 @@ def _serve(root: str, fsync: bool) -> None:
             message_size_limit=10_240_000,
             smtpd_recipient_limit=1000,
             smtpd_timeout=300,
+            cleanup=cleanup,
         )
         handle = await start_listener(settings, spool, on_commit=lambda _q: None)
         print(handle.addresses[0][1], flush=True)
@@ -119,22 +145,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-fsync", action="store_true", help="disable fsync (comparison)")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--cleanup", choices=("none", "on", "checks20"), default="on")
+    parser.add_argument("--sizes", default="1,100", help="message sizes in KB (comma list)")
+    parser.add_argument("--clients", default="1,10,50", help="client counts (comma list)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     args = parser.parse_args()
     if args.serve:
-        _serve(args.serve, not args.no_fsync)
+        _serve(args.serve, not args.no_fsync, args.cleanup)
         return
     root = Path(tempfile.mkdtemp(prefix="qmgrd-bench-", dir=str(REPO / "bench")))
-    cmd = [sys.executable, __file__, "--serve", str(root / "spool")]
+    cmd = [sys.executable, __file__, "--serve", str(root / "spool"), "--cleanup", args.cleanup]
     if args.no_fsync:
         cmd.append("--no-fsync")
     child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         port = int(child.stdout.readline())
-        print(f"fsync={'off' if args.no_fsync else 'on'} cpus={os.cpu_count()} spool={root}")
-        for size, total in ((1024, 3000), (100 * 1024, 600)):
-            for clients in (1, 10, 50):
+        print(
+            f"fsync={'off' if args.no_fsync else 'on'} cleanup={args.cleanup} "
+            f"cpus={os.cpu_count()} spool={root}"
+        )
+        totals = {1: 3000, 100: 600}
+        for kb in (int(x) for x in args.sizes.split(",")):
+            size, total = kb * 1024, totals.get(kb, 600)
+            for clients in (int(x) for x in args.clients.split(",")):
                 line = asyncio.run(_cell(port, child.pid, clients, size, int(total * args.scale)))
                 print(line, flush=True)
                 shutil.rmtree(root / "spool" / "incoming")

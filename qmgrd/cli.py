@@ -107,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", dest="query", metavar="KEY", help="print the value of KEY in the table")
     p.add_argument("tables", nargs="+", metavar="[TYPE:]FILE")
 
+    p = sub.add_parser(
+        "sendmail",
+        help="submit mail as sendmail(1) does (-t, -i, -f, -bs, -bp, -q, ...; see README)",
+        add_help=False,
+        prefix_chars="+",  # every word after "sendmail" is sendmail's, options included
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+
     p = sub.add_parser("mailq", help="list the queue in Postfix mailq format")
     p.add_argument("--json", action="store_true", help="one JSON object per message")
 
@@ -178,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("user")
     p.add_argument("--scheme", choices=("pbkdf2-sha256", "scrypt"), default="pbkdf2-sha256")
     p.add_argument("--stdin", action="store_true", help="read the password from standard input")
-    for subparser in sub.choices.values():
-        _add_config_option(subparser, default=argparse.SUPPRESS)
+    for name, subparser in sub.choices.items():
+        if name != "sendmail":  # sendmail's words are its own (-C DIR names the config there)
+            _add_config_option(subparser, default=argparse.SUPPRESS)
     return parser
 
 
@@ -243,6 +252,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from qmgrd.ops.postmap import postmap_command
 
         return postmap_command(args.tables, query=args.query, out=sys.stdout, err=sys.stderr)
+    if args.command == "sendmail":
+        from qmgrd.sendmail.command import main as sendmail_main
+
+        # sendmail's own exit codes (sysexits.h), not qmgrd's
+        return sendmail_main(args.args, program="sendmail", config_dir=str(config_dir))
     if args.command == "run":
         from qmgrd.daemon.run import run_command
 

@@ -5,14 +5,19 @@ resolver, agents), kept apart from the engine so that tests can hand it fakes
 and ``reload_engine`` can rebuild exactly these pieces on SIGHUP.
 
 ``Daemon`` is the whole daemon on one event loop: spool, engine, control
-socket, metrics endpoints and SMTP listener. ``qmgrd run`` (``run.serve``) and
+socket, metrics endpoints, the maildrop pickup and the SMTP listener, both
+running cleanup (``CleanupSettings``, built at start and on reload; a bad
+header_checks action or table stops the start with a ConfigError). ``qmgrd run`` (``run.serve``) and
 the end-to-end tests build it the same way; tests may pass a fake clock, a
 spool without fsync and their own agents. ``start`` brings the parts up in
 the order mail safety needs, ``stop`` takes them down in reverse:
 
-1. the spool directories, then the engine, which recovers ``active/`` and
-   scans ``incoming/`` before it delivers;
-2. the control socket (operator commands wait for the engine to start);
+1. the spool directories and the maildrop directory; dead writers'
+   temporaries are removed and the maildrop is picked up into
+   ``incoming/``; then the engine, which recovers ``active/`` and scans
+   ``incoming/`` (finding the picked-up mail) before it delivers;
+2. the control socket (operator commands wait for the engine to start),
+   then the pickup service (``sendmail``'s wake-ups);
 3. once recovery is over (it removes dead writers' temporaries, which could
    race a live commit): the metrics endpoints, then the listener, whose
    commits wake the engine. Only then is mail accepted.
@@ -28,6 +33,7 @@ import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
+from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
@@ -37,6 +43,7 @@ from qmgrd.daemon.control import ControlServer, control_socket_path, start_contr
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import Metrics, spool_queue_counts, start_metrics_server
+from qmgrd.daemon.pickup import Pickup
 from qmgrd.daemon.settings import (
     delivery_services,
     engine_settings,
@@ -153,6 +160,16 @@ class Daemon:
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
+        self.cleanup = CleanupSettings.from_config(cfg)
+        self.pickup = Pickup(
+            self.spool,
+            cfg.get_path("maildrop_directory"),
+            self.cleanup,
+            notify=self.engine.notify_incoming,
+            size_limit=cfg.get_int("message_size_limit"),
+            warn_delay=cfg.get_time("delay_warning_time"),
+        )
+        self._pickup_stop = asyncio.Event()
         self.control: ControlServer | None = None
         self.listener: ListenerHandle | None = None  # smtpd_listen
         self.services: dict[str, ListenerHandle] = {}  # master.cf inet listeners by name
@@ -168,6 +185,8 @@ class Daemon:
     async def start(self, *, listen: bool = True) -> None:
         """Start every part in order; with ``listen`` False, no SMTP listener (tests)."""
         self.spool.ensure_dirs()
+        self.pickup.ensure_dir()
+        await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
         try:
@@ -176,6 +195,9 @@ class Daemon:
             )
             self._stack.push_async_callback(_close_control, self.control)
             await self._started()
+            self._pickup_stop.clear()
+            pickup = asyncio.get_running_loop().create_task(self.pickup.run(self._pickup_stop))
+            self._stack.push_async_callback(self._stop_pickup, pickup)
             for host, port in self.cfg.get_hostports("metrics_listen"):
                 try:
                     server = await start_metrics_server(host, port, self.metrics)
@@ -192,7 +214,7 @@ class Daemon:
 
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
-        main, *others = listener_settings(self.cfg)  # every certificate checked first
+        main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
         self.listener = await start_listener(
             main, self.spool, on_commit=self.engine.notify_incoming
         )
@@ -236,18 +258,20 @@ class Daemon:
         set of listen addresses or inet services needs a restart (logged).
         """
         listeners = None
-        if self.listener is not None:
-            try:
-                listeners = listener_settings(load_config(self.cfg.config_dir))
-            except (ConfigError, ValueError) as exc:
-                get_logger("master").error(
-                    f"reload refused, keeping the running configuration: {exc}"
-                )
-                return False
+        try:
+            loaded = load_config(self.cfg.config_dir)
+            cleanup = CleanupSettings.from_config(loaded)  # tables and header_checks actions
+            if self.listener is not None:
+                listeners = listener_settings(loaded, cleanup=cleanup)
+        except (ConfigError, ValueError) as exc:
+            get_logger("master").error(f"reload refused, keeping the running configuration: {exc}")
+            return False
         new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg)
         if new_cfg is None:
             return False
         self.cfg = new_cfg
+        self.cleanup = cleanup
+        self.pickup.settings = cleanup
         if self.listener is not None and listeners is not None:
             main, *others = listeners
             self.listener.update(main)
@@ -265,6 +289,15 @@ class Daemon:
     async def stop(self) -> None:
         """Stop accepting mail, close the control socket, then let the engine drain."""
         await self._stack.aclose()
+
+    def _recover_pickup(self) -> None:
+        """Start-up (worker thread): dead writers' temporaries, then the maildrop backlog."""
+        self.spool.remove_temp_files()
+        self.pickup.recover()
+
+    async def _stop_pickup(self, task: asyncio.Task[None]) -> None:
+        self._pickup_stop.set()
+        await task
 
     async def _stop_engine(self) -> None:
         self.engine.stop()

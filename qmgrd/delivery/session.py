@@ -194,7 +194,7 @@ class Connector:
             timeout=s.helo_timeout,
         )
         try:
-            await smtp.connect(timeout=s.helo_timeout)
+            greeting = await smtp.connect(timeout=s.helo_timeout)
         except aiosmtplib.SMTPConnectResponseError as exc:
             smtp.close()
             dsn = reply_dsn(exc.code, exc.message)
@@ -217,6 +217,10 @@ class Connector:
             )
             return Failure("4.4.2", text, relay, True)
         session = Session(smtp, ep, dest.label, tls=wrapper, created=created)
+        looped = self._loops_back(greeting.message, session)
+        if looped is not None:
+            await self._quit_quietly(session)
+            return looped
         try:
             if wrapper:
                 self.stats.tls_handshakes += 1
@@ -256,11 +260,13 @@ class Connector:
         response = await run_command(session, "sending EHLO", s.helo_timeout, b"EHLO", helo)
         if response.code == 250:
             session.smtp.last_ehlo_response = response
+            self._raise_if_loop(response.message, session)
             return
         if response.code != 421:
             response = await run_command(session, "sending HELO", s.helo_timeout, b"HELO", helo)
             if response.code == 250:
                 session.smtp.last_helo_response = response
+                self._raise_if_loop(response.message, session)
                 return
         raise Lost(
             Failure(
@@ -271,6 +277,21 @@ class Connector:
                 throttle_kind(response.code, response.message) if response.code == 421 else None,
             )
         )
+
+    def _loops_back(self, text: str, session: Session) -> Failure | None:
+        """Postfix's loop test: the server greets or answers EHLO with our ``myhostname``."""
+        me = self.settings.myhostname
+        words = text.split(None, 1)
+        if not me or not words or words[0].rstrip(".").lower() != me.rstrip(".").lower():
+            return None
+        relay = session.endpoint.relay
+        self.log.warning(f"host {relay} greeted me with my own hostname {me}")
+        return Failure("5.4.6", f"mail for {session.label} loops back to myself", relay, True)
+
+    def _raise_if_loop(self, text: str, session: Session) -> None:
+        failure = self._loops_back(text, session)
+        if failure is not None:
+            raise Lost(failure)
 
     async def _starttls(
         self, session: Session, dest: Destination, policy: TlsPolicy

@@ -26,12 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from qmgrd.cleanup.checks import open_header_checks
+from qmgrd.cleanup.outbound import Outbound
 from qmgrd.delivery.mx import parse_nexthop
 from qmgrd.delivery.tlspolicy import check_level
 from qmgrd.errors import ConfigError
 from qmgrd.tables import LookupTable, open_table
 
 ADDRESS_PREFERENCES = ("any", "ipv4", "ipv6")
+NO_OUTBOUND = Outbound()
 
 
 class TransportView(Protocol):
@@ -52,6 +55,7 @@ class SmtpSettings:
     """Per-transport SMTP client behaviour (Postfix smtp(8) parameter names, prefix dropped)."""
 
     helo_name: str = "localhost"
+    myhostname: str = ""  # loop test: a server greeting with this name is ourselves ("" = off)
     dns_nameservers: tuple[str, ...] = ()
     dns_timeout: float = 10.0
     tls_security_level: str = "none"
@@ -101,6 +105,8 @@ class SmtpSettings:
     balance_inet_protocols: bool = True
     ignore_mx_lookup_error: bool = False
     defer_if_no_mx_address_found: bool = False
+    # smtp_generic_maps, smtp_header_checks (qmgrd.cleanup.outbound)
+    outbound: Outbound = NO_OUTBOUND
     warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -136,6 +142,7 @@ class SmtpSettings:
         password_maps = _tables(tv, "smtp_sasl_password_maps")
         return cls(
             helo_name=tv.get_str("smtp_helo_name"),
+            myhostname=tv.get_str("myhostname"),
             dns_nameservers=tv.get_list("smtp_dns_nameservers"),
             tls_security_level=tv.get_str("smtp_tls_security_level") or "none",
             tls_cafile=_path(tv, "smtp_tls_CAfile"),
@@ -181,6 +188,17 @@ class SmtpSettings:
             balance_inet_protocols=tv.get_bool("smtp_balance_inet_protocols"),
             ignore_mx_lookup_error=tv.get_bool("ignore_mx_lookup_error"),
             defer_if_no_mx_address_found=tv.get_bool("smtp_defer_if_no_mx_address_found"),
+            outbound=Outbound(
+                generic_maps=_tables(tv, "smtp_generic_maps"),
+                header_checks=open_header_checks(
+                    _tables(tv, "smtp_header_checks"),
+                    "smtp_header_checks",
+                    tv.config_dir,
+                    outbound=True,
+                ),
+                recipient_delimiter=tv.get_str("recipient_delimiter"),
+                header_size_limit=tv.get_int("header_size_limit"),
+            ),
             warnings=tuple(_readable_by_others(tv, "smtp_sasl_password_maps")),
         )
 

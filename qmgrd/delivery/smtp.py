@@ -150,7 +150,7 @@ class SmtpAgent:
     # --------------------------------------------------------------- top level
 
     async def _deliver(self, att: Attempt) -> None:
-        wire = check_addresses(att)
+        wire = check_addresses(att, self.settings.outbound.address)
         if wire is None or not att.pending:
             return
         try:

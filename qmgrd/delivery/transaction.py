@@ -14,6 +14,13 @@ transaction and returns whether the session may be reused. Replies to MAIL,
 RCPT and DATA are recipient or message results; 421 and lost connections are
 site-level (``Lost``).
 
+On the way out (``SmtpSettings.outbound``, `qmgrd.cleanup.outbound`): the
+envelope sender and recipients go through ``smtp_generic_maps`` (checked as
+rewritten), and when ``smtp_generic_maps`` or ``smtp_header_checks`` is set
+the header section is streamed through an ``OutboundFilter`` (one header
+held at a time, at most ``header_size_limit``; the body untouched). Without
+them the queue file's bytes are sent exactly as before.
+
 Content streaming: aiosmtplib's ``data()`` wants the whole message, so DATA is
 driven at the protocol level: ``DATA`` via ``execute_command``, then chunks
 encoded by ``content.DataEncoder`` written to the protocol with flow control
@@ -24,6 +31,7 @@ the final reply read with ``read_response``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import aiosmtplib
 from aiosmtplib import SMTPResponse
@@ -54,21 +62,32 @@ def wire_address(address: str, smtputf8: bool) -> bytes | str:
     return raw
 
 
-def check_addresses(att: Attempt) -> dict[int, bytes] | None:
-    """Wire forms of the pending recipients; bad ones (or all, for a bad sender) bounce."""
+def check_addresses(
+    att: Attempt, rewrite: Callable[[str], str] | None = None
+) -> dict[int, bytes] | None:
+    """Wire forms of the pending recipients; bad ones (or all, for a bad sender) bounce.
+
+    ``rewrite`` is ``smtp_generic_maps`` (`Outbound.address`): the addresses are
+    checked as they will be sent.
+    """
     req = att.request
-    sender = wire_address(req.sender, req.smtputf8)
+    rewrite = rewrite or _same
+    sender = wire_address(rewrite(req.sender), req.smtputf8)
     if isinstance(sender, str):
         att.fail_pending(Failure("5.1.7", f"sender address cannot be sent as is: {sender}", "none"))
         return None
     out: dict[int, bytes] = {}
     for idx, rcpt in list(att.pending.items()):
-        wire = wire_address(rcpt.address, req.smtputf8)
+        wire = wire_address(rewrite(rcpt.address), req.smtputf8)
         if isinstance(wire, str):
             att.fail(idx, Failure("5.1.3", f"recipient address cannot be sent as is: {wire}"))
         else:
             out[idx] = wire
     return out
+
+
+def _same(address: str) -> str:
+    return address
 
 
 class Transaction:
@@ -135,7 +154,8 @@ class Transaction:
         if dsn_ext and req.envid:
             options.append(f"ENVID={dsn_param(req.envid)}".encode())
 
-        sender = req.sender.encode("utf-8", "surrogateescape")  # checked by check_addresses
+        # smtp_generic_maps; checked by check_addresses
+        sender = s.outbound.address(req.sender).encode("utf-8", "surrogateescape")
         response = await run_command(
             session,
             "sending MAIL FROM",
@@ -220,6 +240,8 @@ class Transaction:
                 )
             )
         encoder = DataEncoder()
+        # smtp_generic_maps / smtp_header_checks: one bounded pass over the header section
+        headers = s.outbound.filter(req.queue_id) if s.outbound.active else None
         stage = "sending message body"
         try:
             iterator = aiter(req.content.chunks())
@@ -230,12 +252,13 @@ class Transaction:
                     break
                 except Exception as exc:
                     raise ContentError(str(exc)) from exc
-                data = encoder.feed(chunk)
+                data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
                 if data:
                     protocol.write(data)
                     # Flow control: wait while the transport buffer is over its high mark.
                     await asyncio.wait_for(protocol._drain_helper(), s.data_xfer_timeout)
-            protocol.write(encoder.finish())
+            tail = encoder.feed(headers.finish()) if headers is not None else b""
+            protocol.write(tail + encoder.finish())
             stage = "sending end of data -- message may be sent more than once"
             return await protocol.read_response(timeout=s.data_done_timeout)
         except (TimeoutError, aiosmtplib.SMTPTimeoutError):

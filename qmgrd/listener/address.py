@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ipaddress
 import string
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _ATEXT = frozenset(string.ascii_letters + string.digits + "!#$%&'*+-/=?^_`{|}~.")
@@ -38,12 +39,17 @@ class Path:
     address: str  # "" for the null reverse-path
     params: tuple[str, ...]
     non_ascii: bool  # the address contains UTF-8 (needs SMTPUTF8)
+    given: str = ""  # the address as the client sent it, before ``rewrite``
 
 
-def parse_path(arg: str, *, recipient: bool = False) -> Path:
+def parse_path(
+    arg: str, *, recipient: bool = False, rewrite: Callable[[str], str] | None = None
+) -> Path:
     """Split and check ``<address> params``; raises AddressError on bad syntax.
 
     ``recipient``: a forward-path, where ``<postmaster>`` alone is allowed.
+    ``rewrite``: cleanup's envelope rewriting (``root`` -> ``root@$myorigin``,
+    canonical maps), applied before the syntax check, which the result must pass.
     """
     text = arg.lstrip(" ")
     if text.startswith("<"):
@@ -59,9 +65,17 @@ def parse_path(arg: str, *, recipient: bool = False) -> Path:
         if colon < 0:
             raise AddressError("bad source route")
         inner = inner[colon + 1 :]
+    given = inner
+    if inner and rewrite is not None:
+        if not inner.isascii():
+            try:
+                inner.encode("utf-8")  # undecodable bytes arrive as surrogates
+            except UnicodeEncodeError:
+                raise AddressError("not UTF-8") from None
+        inner = rewrite(inner)
     if inner and not (recipient and inner.lower() == "postmaster"):
         check_mailbox(inner)
-    return Path(inner, tuple(rest.split()), not inner.isascii())
+    return Path(inner, tuple(rest.split()), not inner.isascii(), given)
 
 
 def _closing_bracket(text: str, close: str) -> int:

@@ -7,16 +7,19 @@ Commands not in ``HANDLERS`` get ``502 5.5.2 Error: command not recognized``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from qmgrd.cleanup import decide, rewrite_recipient, rewrite_sender
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.auth import decode_plain
 from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
 from qmgrd.listener.protocol import AuthLine, Closed
+from qmgrd.spool.records import RecipientSpec
 from qmgrd.spool.writer import EnvelopeHead
 
 if TYPE_CHECKING:
@@ -69,8 +72,11 @@ async def mail(s: Session, arg: str) -> None:
     if arg[:5].upper() != "FROM:":
         s.reply("501 5.5.4 Syntax: MAIL FROM:<address>")
         return
-    try:
-        path = parse_path(arg[5:])
+    cleanup = s.settings.cleanup
+    try:  # a bare "root" is qualified first (root@$myorigin), as Postfix's cleanup does
+        path = parse_path(
+            arg[5:], rewrite=(lambda a: rewrite_sender(cleanup, a)) if cleanup else None
+        )
     except AddressError:
         s.reply("501 5.1.7 Bad sender address syntax")
         return
@@ -126,8 +132,13 @@ async def rcpt(s: Session, arg: str) -> None:
     if arg[:3].upper() != "TO:":
         s.reply("501 5.5.4 Syntax: RCPT TO:<address>")
         return
+    cleanup = s.settings.cleanup
     try:
-        path = parse_path(arg[3:], recipient=True)
+        path = parse_path(
+            arg[3:],
+            recipient=True,
+            rewrite=(lambda a: rewrite_recipient(cleanup, a)) if cleanup else None,
+        )
         if not path.address:
             raise AddressError("null recipient")
     except AddressError:
@@ -159,6 +170,7 @@ async def rcpt(s: Session, arg: str) -> None:
         s.reply(f"554 5.7.1 <{path.address}>: Relay access denied")
         return
     txn.file.add_recipient(spec)
+    txn.given.append(path.given)
     if not await s.write_out(txn):
         s.reply("451 4.3.0 Error: queue file write error")
         return
@@ -182,6 +194,7 @@ async def data(s: Session, arg: str) -> None:
         await s.abort_transaction()
         s.reply("451 4.3.0 Error: queue file write error")
         return
+    s.start_cleanup(txn)
     s.reply("354 End data with <CR><LF>.<CR><LF>")
     too_big, failed = await s.read_data(txn)
     s.txn = None
@@ -193,6 +206,20 @@ async def data(s: Session, arg: str) -> None:
             else "451 4.3.0 Error: queue file write error"
         )
         return
+    decision = decide(txn.cleanup.outcome) if txn.cleanup is not None else None
+    if decision is not None and not decision.store:  # REJECT, too many hops, DISCARD
+        await s.disk(txn.file.discard)
+        s.reply(decision.reply or f"250 2.0.0 Ok: queued as {txn.file.queue_id}")
+        return
+    hold = decision is not None and decision.hold
+    if decision is not None and decision.recipients:
+        specs = [RecipientSpec(r) for r in decision.recipients]
+        if not txn.file.replace_recipients(specs):
+            hold = True  # too big to rewrite in memory: keep it for the operator
+            s.log.warning(
+                "REDIRECT of a message larger than the write buffer: held",
+                queue_id=txn.file.queue_id,
+            )
     try:
         queue_id = await s.ctx.committer.commit_writer(txn.file)
     except SpoolError as exc:
@@ -209,7 +236,15 @@ async def data(s: Session, arg: str) -> None:
         sasl_method=s.sasl_method,
         sasl_username=s.sasl_user,
     )
-    s.ctx.on_commit(queue_id)
+    if hold:
+        spool = s.ctx.committer.spool
+        try:
+            await asyncio.to_thread(spool.move, queue_id, "incoming", "hold")
+        except (SpoolError, OSError) as exc:
+            s.log.warning("cannot move to hold/", queue_id=queue_id, reason=str(exc))
+            s.ctx.on_commit(queue_id)
+    else:
+        s.ctx.on_commit(queue_id)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered
     s.reply(f"250 2.0.0 Ok: queued as {queue_id}")
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config
 from qmgrd.config.config import TransportConfig
 from qmgrd.config.files import Setting, inet_endpoint
@@ -56,18 +57,24 @@ def _is_main(view: TransportConfig) -> bool:
     return host is None and port == 25
 
 
-def listener_settings(cfg: Config) -> list[ListenerSettings]:
-    """One settings object per listener, the main (smtpd_listen) one first."""
+def listener_settings(
+    cfg: Config, *, cleanup: CleanupSettings | None = None
+) -> list[ListenerSettings]:
+    """One settings object per listener, the main (smtpd_listen) one first; all share
+    ``cleanup`` (the daemon's header processing, ``CleanupSettings.from_config``)."""
     main_view = next((v for v in cfg.inet_views if _is_main(v)), None)
     main_listen = cfg.get_hostports("smtpd_listen")
     if main_view is None:
-        first = ListenerSettings.from_config(cfg, where=_where(cfg.main_settings, None))
+        first = ListenerSettings.from_config(
+            cfg, where=_where(cfg.main_settings, None), cleanup=cleanup
+        )
     else:
         first = ListenerSettings.from_config(
             main_view,
             where=_where(cfg.main_settings, main_view),
             listen=main_listen,
             session_limit=main_view.entry.maxproc if main_view.entry.maxproc_given else None,
+            cleanup=cleanup,
         )
     out = [first]
     hosts = list(dict.fromkeys(host for host, _ in main_listen)) or ["127.0.0.1"]
@@ -83,6 +90,7 @@ def listener_settings(cfg: Config) -> list[ListenerSettings]:
                 listen=listen,
                 session_limit=view.entry.maxproc or None,
                 service=view.entry.name,
+                cleanup=cleanup,
             )
         except ConfigError as exc:
             text = str(exc)

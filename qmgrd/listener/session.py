@@ -16,6 +16,14 @@ read, whatever the message size or recipient count. The reply to DATA is
 file durable; a spool failure is ``451 4.3.0``. A refused, reset or aborted
 transaction (RSET, HELO, QUIT, timeout, lost connection, 552) leaves no file.
 
+Cleanup (``settings.cleanup``, the daemon always sets it): MAIL and RCPT
+addresses are rewritten (``qmgrd.cleanup.rewrite_sender``/``rewrite_recipient``)
+before their syntax check, and DATA streams through a ``HeaderProcessor``
+(``start_cleanup``) into the file; ``commands.data`` applies ``decide`` after
+the final dot. The queue id it writes into ``Received:`` is the writer's,
+drawn at MAIL. Session lines: ``connect``, ``disconnect`` with the command
+counts, ``lost connection`` / ``timeout`` / ``too many errors`` after a verb.
+
 Replies and limits follow Postfix's smtpd: ``message_size_limit`` → 552
 5.3.4 (the rest of the message is read and dropped), ``smtpd_recipient_limit``
 → 452 4.5.3, relaying outside mynetworks → 554 5.7.1, a spool file system too
@@ -40,8 +48,9 @@ import asyncio
 import os
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from qmgrd.cleanup import Disposition, HeaderProcessor, MessageInfo, protocol_name
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
@@ -60,6 +69,7 @@ from qmgrd.listener.protocol import (
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.listener.tls import TlsFacts, session_facts
 from qmgrd.log import get_logger
+from qmgrd.log.session import CommandCounts
 from qmgrd.spool import GroupCommitter
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
 
@@ -89,6 +99,8 @@ class Transaction:
     smtputf8: bool
     file: QueueFileWriter  # the queue file being written
     failed: bool = False  # a spool write failed: 451 until the transaction ends
+    given: list[str] = field(default_factory=list)  # accepted recipients as sent (Received:)
+    cleanup: HeaderProcessor | None = None  # DATA's header processing (settings.cleanup)
 
 
 class Session:
@@ -97,12 +109,16 @@ class Session:
     __slots__ = (
         "_closing",
         "_disk",
+        "_ok",
         "_out",
+        "_pending",
         "auth_failures",
         "chan",
         "client",
         "client_addr",
+        "counts",
         "ctx",
+        "data_bytes",
         "dialogue",
         "errors",
         "junk",
@@ -139,16 +155,21 @@ class Session:
         self.errors = 0
         self.junk = 0
         self.last_verb = "CONNECT"
+        self.counts = CommandCounts()  # for the disconnect line
+        self.data_bytes = 0  # bytes of the current DATA so far (lost connection line)
         self.log = get_logger("smtpd")
         self.tls: TlsFacts | None = None
         self._out: list[bytes] = []
         self._closing = False
+        self._ok = False  # the last reply queued was positive (2xx/3xx)
+        self._pending: str | None = None  # the command being handled, not yet counted
         self._disk: asyncio.Future[None] | None = None  # the queue file's thread work
 
     # -- the adapter -----------------------------------------------------------------
 
     async def run(self) -> None:
         """Serve the connection until QUIT, an error limit, a timeout or the client's close."""
+        self.log.info("connect", client=self.client)
         try:
             if self.chan.tls:  # wrapper mode: the handshake was done at accept
                 self._tls_started()
@@ -160,12 +181,24 @@ class Session:
         except ssl.SSLError as exc:
             self.log.info("SSL_accept error", client=self.client, reason=exc.reason or str(exc))
         except (ConnectionError, OSError):
-            self.log.info("lost connection", after=self.last_verb, client=self.client)
+            self._lost()
         finally:
             try:
                 await self.abort_transaction()
             finally:
                 self.chan.close()
+                if self._pending is not None:  # cut off while handled: a failed command
+                    self.counts.record(self._pending, ok=False)
+                self.log.info("disconnect", client=self.client, commands=self.counts.as_field())
+
+    def _lost(self) -> None:
+        """Postfix's ``lost connection after CMD`` (with the bytes of a cut-off DATA)."""
+        if self.last_verb in ("DATA", "BDAT"):
+            self.log.info(
+                "lost connection", after=self.last_verb, client=self.client, bytes=self.data_bytes
+            )
+        else:
+            self.log.info("lost connection", after=self.last_verb, client=self.client)
 
     def close(self) -> None:
         """Disconnect now (listener shutdown); ``run`` then cleans up."""
@@ -175,9 +208,11 @@ class Session:
         while not self._closing:
             event = await self.next_event()
             if isinstance(event, Closed):
+                self._lost()  # the client left without QUIT
                 return
             if isinstance(event, LineTooLong):
                 self.reply("500 5.5.2 Error: command line too long")
+                self.counts.record("unknown", ok=False)
             elif isinstance(event, Command):
                 self.last_verb = event.verb if event.verb.isalpha() else "UNKNOWN"
                 handler = HANDLERS.get(event.verb)
@@ -188,9 +223,12 @@ class Session:
                         self.junk += 1
                         if self.junk > self.settings.junk_command_limit:
                             self.errors += 1
+                    self._pending = event.verb
                     await handler(self, event.arg)
+                    self._pending = None
+                self.counts.record(event.verb if handler else "unknown", ok=self._ok)
             if self.errors >= self.settings.hard_error_limit and not self._closing:
-                self.log.warning("too many errors", after=self.last_verb, client=self.client)
+                self.log.info("too many errors", after=self.last_verb, client=self.client)
                 self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
                 self._closing = True
 
@@ -210,6 +248,7 @@ class Session:
 
     def reply(self, text: str) -> None:
         """Queue one reply line (written at the next flush); 4xx/5xx count as errors."""
+        self._ok = text[0] in "23"
         if text[0] in "45" and not text.startswith(_NOT_ERRORS):
             self.errors += 1
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
@@ -340,23 +379,67 @@ class Session:
             return False
         return True
 
+    def start_cleanup(self, txn: Transaction) -> None:
+        """DATA: the header processor (Received:, checks, missing headers) for this message."""
+        cleanup = self.settings.cleanup
+        if cleanup is None:
+            return
+        tls = self.tls is not None
+        auth = self.sasl_user is not None
+        local = cleanup.is_local_client(
+            self.client_addr,
+            interfaces=[host for host, _ in self.settings.listen],
+            mynetworks=self.settings.permits_relay,
+            sasl_authenticated=auth,
+        )
+        txn.cleanup = HeaderProcessor(
+            cleanup,
+            MessageInfo(
+                queue_id=txn.file.queue_id,
+                sender=txn.sender,
+                recipients=tuple(txn.given),
+                now=self.ctx.clock(),
+                local=local,
+                helo=self.dialogue.helo_name,
+                client_addr=self.client_addr,
+                protocol=protocol_name(esmtp=self.dialogue.extended, tls=tls, auth=auth),
+            ),
+        )
+
     async def read_data(self, txn: Transaction) -> tuple[bool, bool]:
-        """Receive the message into the writer; (too big, write failed) at the end marker."""
+        """Receive the message into the writer; (too big, write failed) at the end marker.
+
+        With cleanup, the content goes through ``txn.cleanup`` on its way to the
+        file; ``message_size_limit`` counts the client's bytes.
+        """
         limit = self.settings.message_size_limit
         too_big = False
+        cleanup = txn.cleanup
         txn.file.begin_content()
         self.proto.start_data()
+        self.data_bytes = 0
         while True:
             event = await self.next_event()
             if isinstance(event, DataEnd):
+                if cleanup is not None and not (too_big or txn.failed):
+                    self._store(txn, cleanup.finish())
                 return too_big, txn.failed
             if isinstance(event, Closed):
                 raise ConnectionResetError("connection closed during DATA")
-            if not isinstance(event, Content) or too_big or txn.failed:
+            if not isinstance(event, Content):
                 continue
-            if limit and txn.file.content_size + len(event.data) > limit:
+            self.data_bytes += len(event.data)
+            if too_big or txn.failed:
+                continue
+            if limit and self.data_bytes > limit:
                 too_big = True
                 await self.disk(txn.file.discard)  # keep reading, store nothing more
                 continue
-            txn.file.add_content(event.data)
+            self._store(txn, cleanup.feed(event.data) if cleanup is not None else event.data)
             await self.write_out(txn)
+
+    @staticmethod
+    def _store(txn: Transaction, data: bytes) -> None:
+        """Append content, unless cleanup already refused the message (it cannot change)."""
+        if txn.cleanup is None or txn.cleanup.outcome.disposition is not Disposition.REJECT:
+            txn.file.add_content(data)

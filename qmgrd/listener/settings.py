@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from qmgrd.cleanup import CleanupSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import Credentials, load_password_file
 from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
@@ -76,6 +77,7 @@ class ListenerSettings:
     hard_error_limit: int = 20  # smtpd_hard_error_limit
     tls: TlsSettings = NO_TLS  # smtpd_tls_*
     service: str = "smtp"  # master.cf service name (logs)
+    cleanup: CleanupSettings | None = None  # header processing at DATA; None = store as sent
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
@@ -107,8 +109,10 @@ class ListenerSettings:
         listen: tuple[tuple[str, int], ...] | None = None,
         session_limit: int | None = None,
         service: str = "smtp",
+        cleanup: CleanupSettings | None = None,
     ) -> ListenerSettings:
-        """Settings from a configuration or service view; ``where`` prefixes TLS errors."""
+        """Settings from a configuration or service view; ``where`` prefixes TLS errors;
+        ``cleanup`` is the daemon's (CleanupSettings.from_config)."""
         return cls(
             listen=listen if listen is not None else cfg.get_hostports("smtpd_listen"),
             myhostname=cfg.get_str("myhostname"),
@@ -129,6 +133,7 @@ class ListenerSettings:
             hard_error_limit=cfg.get_int("smtpd_hard_error_limit"),
             tls=tls_settings(cfg, where),
             service=service,
+            cleanup=cleanup,
         )
 
     def permits_relay(self, addr: str) -> bool:

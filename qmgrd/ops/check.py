@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
 from qmgrd.config.config import TransportConfig
 from qmgrd.config.maps import open_maps, setting_where
@@ -93,6 +94,8 @@ def _check_listener(cfg: Config, found: Findings) -> None:
         "smtpd_sasl_auth_enable"
     ) else ""
     settings = found.attempt(where, lambda: ListenerSettings.from_config(cfg))
+    # header_checks, canonical maps, local_header_rewrite_clients: as the daemon opens them
+    found.attempt("", lambda: CleanupSettings.from_config(cfg))
     if not isinstance(settings, ListenerSettings):
         return
     listen = " ".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in settings.listen)

@@ -314,14 +314,20 @@ class Spool:
 
     # -- commit ------------------------------------------------------------------
 
-    def commit(self, envelope: Envelope, content: bytes) -> str:
-        """Durably store one message in incoming/ and return its id (see the module doc)."""
-        result = self.commit_batch([(envelope, content)])[0]
+    def commit(self, envelope: Envelope, content: bytes, *, queue_id: str | None = None) -> str:
+        """Durably store one message in incoming/ and return its id (see the module doc).
+
+        ``queue_id``: store under this id (the pickup uses the maildrop file's
+        name); a file of that name already in incoming/ is a SpoolError.
+        """
+        result = self.commit_batch([(envelope, content)], queue_id=queue_id)[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
-    def commit_batch(self, items: Sequence[tuple[Envelope, bytes]]) -> list[str | SpoolError]:
+    def commit_batch(
+        self, items: Sequence[tuple[Envelope, bytes]], *, queue_id: str | None = None
+    ) -> list[str | SpoolError]:
         """Store several messages with one directory fsync; a result (id or error) per item.
 
         A failure affects only its own item, except a failed directory fsync,
@@ -332,7 +338,7 @@ class Spool:
         results: list[str | SpoolError] = []
         for envelope, content in items:
             try:
-                results.append(self._write_one(directory, envelope, content))
+                results.append(self._write_one(directory, envelope, content, queue_id))
             except OSError as exc:
                 results.append(SpoolError(f"queue file write error: {exc.strerror or exc}"))
         committed = [r for r in results if isinstance(r, str)]
@@ -347,9 +353,11 @@ class Spool:
                 return [error for _ in results]
         return results
 
-    def _write_one(self, directory: Path, envelope: Envelope, content: bytes) -> str:
+    def _write_one(
+        self, directory: Path, envelope: Envelope, content: bytes, fixed: str | None = None
+    ) -> str:
         head, tail = encode_queue_file(envelope, len(content))
-        queue_id = self._ids.next()
+        queue_id = fixed or self._ids.next()
         temp = directory / (TEMP_PREFIX + queue_id)
         # O_EXCL: ids never repeat within a generator, so EEXIST here is an error to report.
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -363,6 +371,8 @@ class Spool:
             try:
                 os.link(temp, directory / queue_id)
             except FileExistsError:
+                if fixed:  # the caller's id is taken: report it, never rename
+                    raise
                 # A salt collision with another process: keep the data, pick a new name.
                 queue_id = self._ids.next()
                 os.link(temp, directory / queue_id)

@@ -29,8 +29,12 @@ known at the end before the data they describe:
   records between the recipients and the content, so the file is valid
   for the existing reader without any change.
 
-``commit()`` then appends the end record, fsyncs the file, links it to
-``incoming/<id>`` (link never replaces a file; a clash picks a new id) and
+The queue id is drawn when the writer is created (MAIL time), so the
+content may name it (cleanup's ``Received: ... id ID`` and ``Message-Id``):
+``queue_id`` is the id the committed file gets. ``commit()`` then appends
+the end record, fsyncs the file, links it to ``incoming/<id>`` (link never
+replaces a file; only a clash with another process's file, which the
+id generator makes practically impossible, picks a new id) and
 unlinks the temporary name; ``commit_writers`` does that for a batch and
 fsyncs ``incoming/`` once, so a queue id is returned only once the message
 is durable. ``discard()`` removes the temporary file: a refused, reset or
@@ -131,6 +135,7 @@ class QueueFileWriter:
         "_fd",
         "_flushed",
         "_gap_at",
+        "_rcpt_at",
         "_spool",
         "content_size",
         "flush_size",
@@ -143,11 +148,12 @@ class QueueFileWriter:
         self.flush_size = flush_size
         self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
         self._buf += head.encode()
+        self._rcpt_at = len(self._buf)  # where the recipient records start
         self._flushed = 0  # bytes of the file already written (the buffer follows them)
         self._fd = -1
         self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
         self._closed = False
-        self.queue_id: str | None = None  # set when the temporary file is created
+        self.queue_id: str = spool.new_queue_id()  # the committed file's id (module doc)
         self.rcpt_count = 0
         self.content_size = 0
 
@@ -172,6 +178,22 @@ class QueueFileWriter:
         self._gap_at = self._flushed + len(self._buf)
         self._buf += bytes(GAP)
 
+    def replace_recipients(self, rcpts: Sequence[RecipientSpec]) -> bool:
+        """Replace every recipient (cleanup's REDIRECT) before commit.
+
+        Possible while nothing was flushed (the message fits the buffer);
+        False, nothing changed, otherwise.
+        """
+        if self._gap_at < 0 or self._closed or not rcpts:
+            raise InvariantError("replace_recipients before the content, after the end or empty")
+        if self._flushed:
+            return False
+        new = b"".join(_encode_recipient(r) for r in rcpts)
+        self._buf[self._rcpt_at : self._gap_at] = new
+        self._gap_at = self._rcpt_at + len(new)
+        self.rcpt_count = len(rcpts)
+        return True
+
     def add_content(self, data: bytes) -> None:
         if self._gap_at < 0 or self._closed:
             raise InvariantError("add_content before begin_content or after the end")
@@ -181,13 +203,10 @@ class QueueFileWriter:
     # -- disk work (worker thread) -----------------------------------------------------
 
     def _temp(self) -> Path:
-        if self.queue_id is None:
-            raise InvariantError("no temporary file yet")
         return self._spool.root / "incoming" / (TEMP_PREFIX + self.queue_id)
 
     def _open(self) -> None:
         if self._fd < 0:
-            self.queue_id = self._spool.new_queue_id()
             # O_EXCL: ids never repeat within a generator, so EEXIST is an error to report.
             self._fd = os.open(
                 self._temp(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
@@ -241,7 +260,6 @@ class QueueFileWriter:
             os.close(self._fd)
             self._fd = -1
             temp = self._temp()
-            assert self.queue_id is not None
             try:
                 os.link(temp, temp.parent / self.queue_id)
             except FileExistsError:  # a salt collision with another process: a new name

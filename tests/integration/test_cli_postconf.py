@@ -97,9 +97,9 @@ def test_edit_with_a_bad_value_changes_nothing(
 def test_edit_refuses_a_postfix_parameter_qmgrd_cannot_honour(
     conf: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """-e header_checks=... is refused as the daemon would refuse it."""
-    code, _out, err = run(capsys, "-c", str(conf), "postconf", "-e", "header_checks=pcre:/x")
-    assert code == 1 and "parameter header_checks: qmgrd does not implement" in err
+    """-e body_checks=... is refused as the daemon would refuse it."""
+    code, _out, err = run(capsys, "-c", str(conf), "postconf", "-e", "body_checks=pcre:/x")
+    assert code == 1 and "parameter body_checks: qmgrd does not implement" in err
     assert (conf / "main.cf").read_text() == MAIN
 
 

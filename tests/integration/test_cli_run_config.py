@@ -45,8 +45,8 @@ def _wait_for(fd: int, needle: bytes, seen: bytearray) -> None:
 
 
 def test_start_refuses_a_postfix_parameter_it_cannot_honour(tmp_path: Path) -> None:
-    """header_checks at start: exit 1, one line naming file, line, parameter; spool untouched."""
-    cfg = _config(tmp_path, "header_checks = regexp:/etc/postfix/header_checks\n")
+    """body_checks at start: exit 1, one line naming file, line, parameter; spool untouched."""
+    cfg = _config(tmp_path, "body_checks = regexp:/etc/postfix/body_checks\n")
     proc = subprocess.run(
         [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],
         cwd=REPO,
@@ -56,15 +56,15 @@ def test_start_refuses_a_postfix_parameter_it_cannot_honour(tmp_path: Path) -> N
     )
     assert proc.returncode == 1
     assert proc.stderr.decode().startswith(
-        f"qmgrd: fatal: {cfg / 'main.cf'}, line 4: parameter header_checks: "
-        "qmgrd does not implement Postfix parameter header_checks"
+        f"qmgrd: fatal: {cfg / 'main.cf'}, line 4: parameter body_checks: "
+        "qmgrd does not implement Postfix parameter body_checks"
     )
     assert b"Traceback" not in proc.stderr
     assert not (tmp_path / "spool").exists()
 
 
 def test_reload_refuses_start_only_and_unsupported_changes(tmp_path: Path) -> None:
-    """SIGHUP with a new queue_directory, then with header_checks: both refused, daemon runs on."""
+    """SIGHUP with a new queue_directory, then with body_checks: both refused, daemon runs on."""
     cfg = _config(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "qmgrd", "-c", str(cfg), "run"],

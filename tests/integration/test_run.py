@@ -77,7 +77,12 @@ def test_run_accepts_mail_and_stops_cleanly(
     sent = out.wait_for("status=sent")[-1]
     assert sent.startswith(f"{queue_id}: to=<r@example.com>, relay=127.0.0.1[127.0.0.1]:")
     out.wait_for(f"{queue_id}: removed")
-    assert sink[0].envelopes == [("s@example.com", ["r@example.com"], b"Subject: x\r\n\r\nhi\r\n")]
+    [(sender, rcpts, content)] = sink[0].envelopes
+    assert (sender, rcpts) == ("s@example.com", ["r@example.com"])
+    # cleanup added its Received: (with the queue id) and, for a loopback client, the
+    # missing Date:, From: and Message-Id: headers
+    assert content.startswith(b"Received: from ") and f" id {queue_id}".encode() in content
+    assert b"\r\nSubject: x\r\n" in content and content.endswith(b"\r\n\r\nhi\r\n")
     assert out.stop(signum) == 0
     for name in ("incoming", "active", "deferred"):
         assert os.listdir(spool / name) == []

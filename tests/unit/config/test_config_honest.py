@@ -82,8 +82,8 @@ def test_in_progress_allowlist_is_still_needed() -> None:
 
 
 def test_scanner_would_catch_an_unread_parameter() -> None:
-    """The scan sees declared-only names: the removed myorigin is not read by any code."""
-    assert "myorigin" not in _code_strings()
+    """The scan sees declared-only names: relocated_maps is not read by any code."""
+    assert "relocated_maps" not in _code_strings()
     assert "queue_directory" in _code_strings()
 
 
@@ -96,9 +96,9 @@ def _load(tmp_path: Path, main: str, master: str = MASTER) -> None:
 @pytest.mark.parametrize(
     ("setting", "what"),
     [
-        ("header_checks = regexp:/etc/postfix/header_checks", "does not inspect"),
-        ("smtp_generic_maps = hash:/etc/postfix/generic", "never rewrites addresses"),
-        ("masquerade_domains = example.com", "never rewrites addresses"),
+        ("body_checks = regexp:/etc/postfix/body_checks", "does not inspect"),
+        ("recipient_bcc_maps = hash:/etc/postfix/bcc", "never adds recipients"),
+        ("remote_header_rewrite_domain = example.com", "never rewrites addresses"),
         ("sender_dependent_relayhost_maps = hash:/x", "routes only with transport_maps"),
         ("smtp_tls_per_site = hash:/x", "would not apply"),
         ("smtp_sasl_type = dovecot", "own SASL code"),
@@ -130,20 +130,20 @@ def test_postfix_parameter_changing_routing_content_or_security_is_fatal(
 
 def test_fatal_in_master_cf_override_names_master_cf(tmp_path: Path) -> None:
     """A refused parameter given with -o in master.cf is reported at its master.cf line."""
-    with pytest.raises(ConfigError, match=r"master\.cf, line 2: parameter smtp_header_checks"):
-        _load(tmp_path, "", MASTER + "relay unix - - n - - smtp -o smtp_header_checks=pcre:/x\n")
+    with pytest.raises(ConfigError, match=r"master\.cf, line 2: parameter smtp_body_checks"):
+        _load(tmp_path, "", MASTER + "relay unix - - n - - smtp -o smtp_body_checks=pcre:/x\n")
 
 
 def test_several_fatal_parameters_are_counted(tmp_path: Path) -> None:
     """The first refusal is reported and the number of the others is given."""
     with pytest.raises(ConfigError, match=r"line 1: parameter body_checks: .*\(and 1 more"):
-        _load(tmp_path, "body_checks = regexp:/a\nheader_checks = regexp:/b\n")
+        _load(tmp_path, "body_checks = regexp:/a\nmilter_header_checks = regexp:/b\n")
 
 
 @pytest.mark.parametrize(
     "setting",
     [
-        "header_checks =",  # empty: the feature is off, as in qmgrd
+        "body_checks =",  # empty: the feature is off, as in qmgrd
         "alias_maps = hash:/etc/aliases, nis:mail.aliases",  # Postfix's default
         "smtp_sasl_type = cyrus",  # Postfix's default
         "inet_interfaces = loopback-only",
@@ -187,10 +187,10 @@ def test_harmless_postfix_parameters_warn(tmp_path: Path, setting: str) -> None:
 
 def test_non_strict_load_lists_refusals(tmp_path: Path) -> None:
     """strict=False (postconf, operator tools) loads the configuration and lists refusals."""
-    (tmp_path / "main.cf").write_text("header_checks = regexp:/x\n")
+    (tmp_path / "main.cf").write_text("body_checks = regexp:/x\n")
     (tmp_path / "master.cf").write_text(MASTER)
     cfg = load_config(tmp_path, hostname="h.example", strict=False)
-    assert len(cfg.refused) == 1 and "parameter header_checks" in cfg.refused[0]
+    assert len(cfg.refused) == 1 and "parameter body_checks" in cfg.refused[0]
 
 
 def test_declared_parameters_are_never_refused(tmp_path: Path) -> None:

@@ -172,3 +172,48 @@ def test_misuse_is_a_bug(spool: Spool) -> None:
         writer.add_recipient(RCPTS[1])
     with pytest.raises(InvariantError):
         EnvelopeHead("s@x", 1.0, ret="SOME")
+
+
+def test_queue_id_is_known_at_creation_and_kept_by_commit(spool: Spool) -> None:
+    """The id drawn at MAIL time (named in Received:) is the committed file's id."""
+    writer = QueueFileWriter(spool, HEAD, flush_size=64)
+    early = writer.queue_id
+    writer.add_recipient(RCPTS[0])
+    writer.begin_content()
+    writer.add_content(f"Received: id {early}\r\n\r\n".encode() + b"x" * 500)
+    writer.flush()
+    (qid,) = commit_writers(spool, [writer])
+    assert qid == early
+    assert f"id {early}".encode() in read_content(spool.path("incoming", qid))
+
+
+def test_replace_recipients_before_any_flush(spool: Spool) -> None:
+    """REDIRECT: the buffered recipients are replaced; after a flush it is refused."""
+    writer = QueueFileWriter(spool, HEAD)
+    for rcpt in RCPTS:
+        writer.add_recipient(rcpt)
+    writer.begin_content()
+    writer.add_content(b"Subject: s\r\n\r\nbody\r\n")
+    assert writer.replace_recipients([RecipientSpec("abuse@z.test")])
+    (qid,) = commit_writers(spool, [writer])
+    assert isinstance(qid, str)
+    qf = QueueFile.open(spool.path("incoming", qid))
+    assert [r.address for r in qf.read_all_recipients()] == ["abuse@z.test"]
+    assert qf.rcpt_count == 1
+    assert read_content(spool.path("incoming", qid)) == b"Subject: s\r\n\r\nbody\r\n"
+    flushed = QueueFileWriter(spool, HEAD, flush_size=16)
+    flushed.add_recipient(RCPTS[0])
+    flushed.begin_content()
+    flushed.add_content(b"x" * 100)
+    flushed.flush()
+    assert not flushed.replace_recipients([RecipientSpec("abuse@z.test")])
+    flushed.discard()
+
+
+def test_commit_under_a_given_queue_id(spool: Spool) -> None:
+    """Spool.commit(queue_id=...) stores under that id and refuses one already taken."""
+    qid = spool.new_queue_id()
+    assert spool.commit(_envelope(), b"a\r\n", queue_id=qid) == qid
+    with pytest.raises(SpoolError):
+        spool.commit(_envelope(), b"b\r\n", queue_id=qid)
+    assert read_content(spool.path("incoming", qid)) == b"a\r\n"
