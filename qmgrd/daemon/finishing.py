@@ -214,7 +214,9 @@ class Finisher:
         if msg.pending_defer:
             spool.append_reasons("defer", qid, msg.pending_defer)
             msg.pending_defer = []
-        reasons = _internal_reasons(msg, "cannot finish the message (see the log)", now)
+        reasons = _internal_reasons(
+            msg, "internal error: cannot finish the message (see the log)", now
+        )
         if reasons:
             spool.append_reasons("defer", qid, reasons)
         s = self.ctx.settings
@@ -306,9 +308,8 @@ def _internal_reasons(msg: ActiveMessage, reason: str, now: float) -> list[Reaso
         records = msg.qf.read_all_recipients()
     except (OSError, SpoolError):
         return []
-    text = f"internal error: {reason}"
     return [
-        ReasonRecord(r.address, INTERNAL_DSN, "delayed", text, now, "none", r.orcpt,
+        ReasonRecord(r.address, INTERNAL_DSN, "delayed", reason, now, "none", r.orcpt,
                      tuple(sorted(r.notify)))
         for r in records
     ]

@@ -12,10 +12,15 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   (notes §9), parses the envelope and registers the message with the
   scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
   any way) goes to ``corrupt/``; one that vanished (an operator took it) is
-  forgotten; a disk error leaves it where it was, to be loaded again.
+  forgotten; a disk error leaves it where it was, to be loaded again. A
+  system error while opening the moved file (``QueueFileIOError``: EMFILE,
+  EIO, EACCES, ...) says nothing about the file: it is moved back where it
+  came from and loaded again later (logged), never quarantined.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
-  queue). A read the spool refuses makes the file corrupt; any other failure
+  queue). A read the spool refuses makes the file corrupt; a system error on
+  the read (``QueueFileIOError``) defers the message (``4.3.0``, retried);
+  any other failure
   (a resolver bug, an address nothing expected) is the message's problem: its
   reading ends, and the finisher defers it with the reason.
 
@@ -32,7 +37,7 @@ from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import QueueFile, RecipientRecord
+from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord
 
 __all__ = ["Loader"]
 
@@ -123,6 +128,9 @@ class Loader:
                 raise
             try:
                 return path, QueueFile.open(path), bounced
+            except QueueFileIOError:
+                spool.move(queue_id, "active", src)  # not the file's fault: load it again later
+                raise
             except SpoolError as exc:
                 return path, exc, bounced
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
@@ -133,9 +141,12 @@ class Loader:
         except InvariantError:
             raise
         except Exception as exc:  # disk trouble (or worse): the file stays where it was
-            ctx.log.error(
-                "cannot move message to the active queue", queue_id=queue_id, error=str(exc)
+            event = (
+                "cannot open queue file, retried later"
+                if isinstance(exc, QueueFileIOError)
+                else "cannot move message to the active queue"
             )
+            ctx.log.error(event, queue_id=queue_id, error=str(exc))
             ctx.table.done(record)
             if src == "incoming":
                 # deferred/ is rescanned every queue_run_delay; incoming/ needs a retry.
@@ -194,6 +205,10 @@ class Loader:
             records, next_offset = await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
+        except QueueFileIOError as exc:
+            # The system failed, not the file: defer the message (4.3.0) and retry it later.
+            self._problem(request, msg, f"cannot read queue file: {exc}", internal=False)
+            return
         except (SpoolError, OSError) as exc:
             msg.corrupt = str(exc)
             ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
@@ -213,12 +228,16 @@ class Loader:
             return
         ctx.scheduler.recipients_add(request.message, resolved, next_offset, ctx.clock.now())
 
-    def _problem(self, request: ReadRequest, msg: ActiveMessage, reason: str) -> None:
-        """End the message's reading; the finisher defers it with ``reason``."""
+    def _problem(
+        self, request: ReadRequest, msg: ActiveMessage, reason: str, *, internal: bool = True
+    ) -> None:
+        """End the message's reading; the finisher defers it with ``reason`` (prefixed with
+        ``internal error:`` when a step failed unexpectedly, rather than the system)."""
         ctx = self.ctx
-        msg.problem = reason
-        ctx.log.error("message deferred after an internal error", queue_id=msg.queue_id,
-                      error=reason)
+        msg.problem = f"internal error: {reason}" if internal else reason
+        event = "message deferred after an internal error" if internal else (
+            "message deferred after a system error")
+        ctx.log.error(event, queue_id=msg.queue_id, error=reason)
         ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
 
     def resolve(self, record: RecipientRecord) -> ResolvedRecipient:

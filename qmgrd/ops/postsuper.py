@@ -31,7 +31,9 @@ daemon that picks it up.
 side; ``operate_command(...)`` is the CLI command: it reads ids (``-`` = from
 stdin), talks to the daemon or falls back to ``offline_operate``, prints a
 postsuper-style summary (``qmgrd: Deleted: 3 messages``) and returns the exit
-code (0 done, 1 some id not found or failed, 2 bad arguments).
+code (0 done, 1 some id not found or failed, 2 bad arguments). Results the
+daemon or the file system wrote (error texts) are printed through
+``qmgrd.textsafe.printable``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from qmgrd.ops.client import DaemonNotRunning, call
 from qmgrd.ops.operation import Operation, OpResult
 from qmgrd.ops.spoolops import operate_file
 from qmgrd.spool import Spool, is_queue_id
+from qmgrd.spool.lock import DaemonHoldsSpool, lock_spool_shared
+from qmgrd.textsafe import printable
 
 __all__ = ["UsageError", "offline_operate", "operate_command", "parse_ids", "parse_selection"]
 
@@ -143,8 +147,16 @@ def operate_command(
         return 0
     results = _via_daemon(queue_directory, op, queue_ids, queue)
     if results is None:
-        spool = Spool(queue_directory)
-        results = offline_operate(spool, op, queue_ids, now, queue=queue)
+        try:
+            with lock_spool_shared(queue_directory):
+                spool = Spool(queue_directory)
+                results = offline_operate(spool, op, queue_ids, now, queue=queue)
+        except DaemonHoldsSpool as exc:  # a daemon took the spool since it did not answer
+            results = _via_daemon(queue_directory, op, queue_ids, queue)
+            if results is None:
+                pid = "unknown" if exc.pid is None else exc.pid
+                err.write(f"qmgrd: fatal: the daemon (pid {pid}) is starting; try again\n")
+                return 1
     return _report(op, results, out=out, err=err)
 
 
@@ -184,10 +196,10 @@ def _report(op: Operation, results: dict[str, str], *, out: TextIO, err: TextIO)
         elif result == OpResult.PENDING:
             pending += 1
         elif result == OpResult.NOT_FOUND:
-            err.write(f"qmgrd: warning: {queue_id}: no such message\n")
+            err.write(f"qmgrd: warning: {printable(queue_id)}: no such message\n")
             failed = True
         else:
-            err.write(f"qmgrd: warning: {queue_id}: {result}\n")
+            err.write(f"qmgrd: warning: {printable(queue_id)}: {printable(result)}\n")
             failed = True
     count = done + pending
     line = f"qmgrd: {op.summary}: {count} message{'' if count == 1 else 's'}"
