@@ -194,8 +194,8 @@ class Finisher:
         spool, qid, qf = self.ctx.spool, msg.queue_id, msg.qf
         if plan.action in (FinishAction.CORRUPT, FinishAction.OPERATOR):
             return []
-        envelope = _notice_envelope(qf.sender, now)
-        ids = [(kind, spool.commit(envelope, body)) for kind, body in notices]
+        ids = [(kind, spool.commit(_notice_envelope(qf.sender, body, now), body))
+               for kind, body in notices]
         if msg.bounced:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
@@ -292,11 +292,14 @@ class Finisher:
         ctx.kick()
 
 
-def _notice_envelope(sender: str, now: float) -> Envelope:
+def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:
+    """The notice's envelope: from the null sender; BODY=8BITMIME when it carries 8-bit bytes
+    (an attached original), so the next hop is told (RFC 6152)."""
     return Envelope(
         sender="",
         recipients=(RecipientSpec(sender),),
         arrival_time=now,
+        body=None if notice.isascii() else "8BITMIME",
         client_name="localhost",
         client_addr="127.0.0.1",
     )
