@@ -220,7 +220,8 @@ class Loader:
             self._problem(request, msg, f"cannot read recipients: {exc!r}")
             return
         try:
-            resolved = [self.resolve(record) for record in records]
+            sender = msg.qf.sender
+            resolved = [self.resolve(record, sender) for record in records]
         except InvariantError:
             raise
         except Exception as exc:
@@ -240,10 +241,12 @@ class Loader:
         ctx.log.error(event, queue_id=msg.queue_id, error=reason)
         ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
 
-    def resolve(self, record: RecipientRecord) -> ResolvedRecipient:
-        """(transport, nexthop, queue) of one recipient, under the current configuration."""
+    def resolve(self, record: RecipientRecord, sender: str | None = None) -> ResolvedRecipient:
+        """(transport, nexthop, queue) of one recipient, under the current configuration;
+        ``sender`` (the message's, ``""`` for the null sender) selects a relayhost from
+        ``sender_dependent_relayhost_maps``."""
         ctx = self.ctx
-        resolved = ctx.resolver.resolve(record.address)
+        resolved = ctx.resolver.resolve(record.address, sender=sender)
         params = ctx.transport_params(resolved.transport)
         name = queue_name(
             resolved,
