@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("release", "release held messages (deliver them now)"),
         ("delete", "delete messages and their logs"),
         ("requeue", "requeue messages: resolve their recipients again with the current config"),
+        ("expire", "force messages to expire: return them to the sender now (postsuper -e)"),
     ):
         p = sub.add_parser(
             op,
@@ -285,7 +286,7 @@ def _queue_directory(config_dir: Path) -> Path:
 
 
 def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
-    """The operator commands (qmgrd.ops): qshape, flush, scan, status, postsuper's four."""
+    """The operator commands (qmgrd.ops): qshape, flush, scan, status, postsuper's five."""
     if args.command == "qshape":
         from qmgrd.ops.qshape import SHAPE_QUEUES, qshape_command
 
@@ -329,7 +330,7 @@ def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
 
         argv = ["hash", args.user, "--scheme", args.scheme] + (["--stdin"] if args.stdin else [])
         return auth_main(argv)
-    if args.command in ("hold", "release", "delete", "requeue"):
+    if args.command in ("hold", "release", "delete", "requeue", "expire"):
         from qmgrd.ops.postsuper import operate_command
 
         return operate_command(

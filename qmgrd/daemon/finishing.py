@@ -14,7 +14,9 @@ entry completed and recorded). In order:
 4. reasons in ``bounce/`` are returned to the sender in one failure notice;
 5. then the file is removed (nothing deferred), returned and removed
    (expired: ``maximal_queue_lifetime``, ``bounce_queue_lifetime`` for
-   notices), or moved to ``deferred/`` with its next-attempt time as mtime,
+   notices, or the forced-expire mark of ``qmgrd expire``: every recipient
+   left gets Postfix's ``4.7.0 message is administratively expired``), or
+   moved to ``deferred/`` with its next-attempt time as mtime,
    after a delay notice when ``delay_warning_time`` has come.
 
 Notices are composed between two file jobs by ``qmgrd.daemon.notices``
@@ -48,7 +50,14 @@ from qmgrd.delivery.dsn import wants_notice
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation
 from qmgrd.ops.spoolops import settle_in_core
-from qmgrd.spool import WARNED, Envelope, ReasonRecord, RecipientSpec, rewrite_warn_time
+from qmgrd.spool import (
+    WARNED,
+    Envelope,
+    ReasonRecord,
+    RecipientSpec,
+    Spool,
+    rewrite_warn_time,
+)
 
 __all__ = ["INTERNAL_DSN", "FinishAction", "Finisher"]
 
@@ -143,6 +152,11 @@ class Finisher:
                 spool.append_reasons("defer", qid, reasons)
             msg.problem = None
             msg.deferred = True
+        if msg.forced_expire:
+            reasons = _expire_reasons(spool, msg, now)
+            if reasons:
+                spool.append_reasons("defer", qid, reasons)
+            msg.deferred = msg.deferred or bool(reasons)
         plan = _Plan(FinishAction.REMOVED)
         if msg.bounced:
             records = spool.read_reasons("bounce", qid)
@@ -151,7 +165,7 @@ class Finisher:
         if not msg.deferred:
             return plan
         s = self.ctx.settings
-        if is_expired(
+        if msg.forced_expire or is_expired(
             now,
             qf.arrival_time,
             null_sender=not qf.sender,
@@ -186,6 +200,15 @@ class Finisher:
                 plan.notices.append(("delay", records))
             plan.warn = True
         return plan
+
+    def _transport_of(self, address: str, sender: str) -> str:
+        """The transport an expired recipient was routed to (a metrics label is never empty)."""
+        try:
+            return self.ctx.resolver.resolve(address, sender=sender).transport or "none"
+        except InvariantError:
+            raise
+        except Exception:  # an address the resolver refuses: still a labelled series
+            return "none"
 
     def _complete(
         self, msg: ActiveMessage, plan: _Plan, notices: list[tuple[NoticeKind, bytes]], now: float
@@ -268,7 +291,10 @@ class Finisher:
         elif plan.action is FinishAction.EXPIRED:
             for r in plan.expired:
                 if ctx.metrics is not None:
-                    ctx.metrics.record_delivery("", "expired", r.dsn, now - msg.qf.arrival_time)
+                    ctx.metrics.record_delivery(
+                        self._transport_of(r.address, msg.qf.sender), "expired", r.dsn,
+                        now - msg.qf.arrival_time,
+                    )
                 ctx.smtp_log.info(
                     "expired",
                     queue_id=qid,
@@ -315,6 +341,21 @@ def _internal_reasons(msg: ActiveMessage, reason: str, now: float) -> list[Reaso
         ReasonRecord(r.address, INTERNAL_DSN, "delayed", reason, now, "none", r.orcpt,
                      tuple(sorted(r.notify)))
         for r in records
+    ]
+
+
+FORCED_EXPIRE_DSN = "4.7.0"
+FORCED_EXPIRE_TEXT = "message is administratively expired"  # Postfix's words (postsuper -e)
+
+
+def _expire_reasons(spool: Spool, msg: ActiveMessage, now: float) -> list[ReasonRecord]:
+    """A ``4.7.0`` reason for every recipient still to deliver that has none from this pass."""
+    have = {r.address for r in spool.read_reasons("defer", msg.queue_id)}
+    return [
+        ReasonRecord(r.address, FORCED_EXPIRE_DSN, "delayed", FORCED_EXPIRE_TEXT, now, "none",
+                     r.orcpt, tuple(sorted(r.notify)))
+        for r in msg.qf.read_all_recipients()
+        if r.address not in have
     ]
 
 

@@ -22,7 +22,10 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   the read (``QueueFileIOError``) defers the message (``4.3.0``, retried);
   any other failure
   (a resolver bug, an address nothing expected) is the message's problem: its
-  reading ends, and the finisher defers it with the reason.
+  reading ends, and the finisher defers it with the reason. A message marked
+  by ``qmgrd expire`` (the forced-expire mark, seen at load or set by the
+  operator while in core) reads no recipients: its reading ends at once and
+  the finisher returns it to the sender.
 
 Every failure is logged with the queue id; none leaves a task dead or a
 message unaccounted for in the table. ``InvariantError`` is never caught here.
@@ -30,6 +33,7 @@ message unaccounted for in the table. ``InvariantError`` is never caught here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
@@ -37,7 +41,7 @@ from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord
+from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
 
 __all__ = ["Loader"]
 
@@ -112,7 +116,7 @@ class Loader:
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
 
-        def work() -> tuple[Path, QueueFile | SpoolError, bool] | None:
+        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool] | None:
             try:
                 path = spool.move(queue_id, src, "active")
             except SpoolError:
@@ -127,14 +131,20 @@ class Loader:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
             try:
-                return path, QueueFile.open(path), bounced
+                qf = QueueFile.open(path)
             except QueueFileIOError:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise
             except SpoolError as exc:
-                return path, exc, bounced
+                return path, exc, bounced, False
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
-                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False
+            try:
+                forced = is_forced_expire(os.stat(path).st_mode)
+            except OSError as exc:
+                spool.move(queue_id, "active", src)
+                raise QueueFileIOError(f"{path}: cannot stat: {exc.strerror}") from exc
+            return path, qf, bounced, forced
 
         try:
             loaded = await ctx.io.submit(work)
@@ -155,11 +165,13 @@ class Loader:
         if loaded is None:
             ctx.table.done(record)
             return
-        path, qf, bounced = loaded
+        path, qf, bounced, forced = loaded
         if isinstance(qf, SpoolError):
             await self._quarantine(record, str(qf))
             return
-        msg = ActiveMessage(queue_id, path, qf, queued_time=now, bounced=bounced)
+        msg = ActiveMessage(
+            queue_id, path, qf, queued_time=now, bounced=bounced, forced_expire=forced
+        )
         record.active = msg
         ctx.table.move(record, MessageState.IN_CORE)
         ctx.scheduler.message_create(
@@ -201,6 +213,10 @@ class Loader:
         """Read and resolve one batch of recipients (see the module doc)."""
         ctx = self.ctx
         msg = active_of(request.message)
+        if msg.forced_expire:
+            # ``qmgrd expire``: deliver nothing more; the finisher returns what is left.
+            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
+            return
         try:
             records, next_offset = await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)

@@ -96,6 +96,7 @@ class ActiveMessage:
     corrupt: str | None = None  # the file turned out unreadable mid-pass
     problem: str | None = None  # a step or the system failed: defer with this reason text
     pending_defer: list[ReasonRecord] = field(default_factory=list)  # not yet in defer/
+    forced_expire: bool = False  # marked by ``qmgrd expire``: returned when this pass ends
 
 
 @dataclass(slots=True, eq=False)
