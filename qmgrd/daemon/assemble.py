@@ -36,7 +36,12 @@ from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
-from qmgrd.daemon.metrics import Metrics, spool_queue_counts, start_metrics_server
+from qmgrd.daemon.metrics import (
+    Metrics,
+    spool_oldest_ages,
+    spool_queue_counts,
+    start_metrics_server,
+)
 from qmgrd.daemon.settings import (
     delivery_services,
     engine_settings,
@@ -148,7 +153,10 @@ class Daemon:
             ids=QueueIdGenerator(long_ids=cfg.get_bool("enable_long_queue_ids")),
         )
         self.clock: Clock = clock or SystemClock()
-        self.metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(self.spool.root))
+        self.metrics = Metrics(
+            queue_counts_fn=lambda: spool_queue_counts(self.spool.root),
+            queue_ages_fn=lambda: spool_oldest_ages(self.spool, self.clock.now()),
+        )
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
@@ -187,6 +195,7 @@ class Daemon:
                     ListenerSettings.from_config(self.cfg),
                     self.spool,
                     on_commit=self.engine.notify_incoming,
+                    observer=self.metrics.intake,
                 )
                 self._stack.push_async_callback(self._close_listener)
         except BaseException:

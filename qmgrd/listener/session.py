@@ -34,6 +34,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from qmgrd.daemon.metrics_intake import NULL_INTAKE, IntakeObserver
 from qmgrd.errors import SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.commands import HANDLERS
@@ -69,6 +70,7 @@ class ListenerContext:
     clock: Callable[[], float]
     counters: ClientCounters
     passwords: PasswordChecker
+    observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.daemon.metrics_intake)
 
 
 @dataclass(slots=True, eq=False)
@@ -200,6 +202,7 @@ class Session:
         if text[0] in "45" and not text.startswith(_NOT_ERRORS):
             self.errors += 1
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
+        self.ctx.observer.replied(text)
 
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""
