@@ -172,6 +172,12 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="ID",
             help="queue ids, ALL for every message, or - to read ids from standard input",
         )
+    sub.choices["expire"].add_argument(
+        "-f",
+        dest="release",
+        action="store_true",
+        help="also release expired messages from hold, so they are returned now (postsuper -f)",
+    )
     p = sub.add_parser(
         "saslpasswd",
         help="print a USER:HASH line for smtpd_sasl_password_file (asks for the password)",
@@ -341,5 +347,6 @@ def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
             out=sys.stdout,
             err=sys.stderr,
             now=time.time(),
+            release=getattr(args, "release", False),
         )
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts choices
