@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("release", "release held messages (deliver them now)"),
         ("delete", "delete messages and their logs"),
         ("requeue", "requeue messages: resolve their recipients again with the current config"),
+        ("expire", "force messages to expire: return them to the sender now (postsuper -e)"),
     ):
         p = sub.add_parser(
             op,
@@ -179,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="ID",
             help="queue ids, ALL for every message, or - to read ids from standard input",
         )
+    sub.choices["expire"].add_argument(
+        "-f",
+        dest="release",
+        action="store_true",
+        help="also release expired messages from hold, so they are returned now (postsuper -f)",
+    )
     p = sub.add_parser(
         "saslpasswd",
         help="print a USER:HASH line for smtpd_sasl_password_file (asks for the password)",
@@ -299,7 +306,7 @@ def _queue_directory(config_dir: Path) -> Path:
 
 
 def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
-    """The operator commands (qmgrd.ops): qshape, flush, scan, status, postsuper's four."""
+    """The operator commands (qmgrd.ops): qshape, flush, scan, status, postsuper's five."""
     if args.command == "qshape":
         from qmgrd.ops.qshape import SHAPE_QUEUES, qshape_command
 
@@ -343,7 +350,7 @@ def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
 
         argv = ["hash", args.user, "--scheme", args.scheme] + (["--stdin"] if args.stdin else [])
         return auth_main(argv)
-    if args.command in ("hold", "release", "delete", "requeue"):
+    if args.command in ("hold", "release", "delete", "requeue", "expire"):
         from qmgrd.ops.postsuper import operate_command
 
         return operate_command(
@@ -354,5 +361,6 @@ def _dispatch_ops(args: argparse.Namespace, config_dir: Path) -> int:
             out=sys.stdout,
             err=sys.stderr,
             now=time.time(),
+            release=getattr(args, "release", False),
         )
     raise AssertionError(f"unhandled command {args.command}")  # argparse restricts choices

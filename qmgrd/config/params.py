@@ -429,6 +429,12 @@ _TABLE: tuple[Param, ...] = (
     Param("relayhost", _S, "", "next-hop for non-local mail (empty = direct MX delivery)"),
     Param("default_transport", _S, "smtp", "transport for destinations not in transport_maps"),
     Param("transport_maps", _L, "", "tables mapping recipients to transport:nexthop"),
+    Param(
+        "sender_dependent_relayhost_maps",
+        _L,
+        "",
+        "tables of relayhost by sender address or @domain",
+    ),
     Param("fallback_relay", _L, "", "obsolete name of smtp_fallback_relay"),
     Param("recipient_delimiter", _S, "", "characters that separate a user name from an extension"),
     Param("soft_bounce", _B, "no", "turn permanent (5xx) failures into deferrals"),

@@ -63,7 +63,8 @@ REWRITE = (
     "remove it, or rewrite before mail reaches qmgrd"
 )
 ROUTING = (
-    "qmgrd routes only with transport_maps, default_transport and relayhost (it has no local, "
+    "qmgrd routes only with transport_maps, default_transport, relayhost and "
+    "sender_dependent_relayhost_maps (it has no local, "
     "alias or virtual delivery), so mail would go elsewhere than configured; "
     "express the routing with transport_maps, or remove it"
 )
@@ -145,7 +146,6 @@ _FATAL: Mapping[str, tuple[str, str]] = MappingProxyType(
         "virtual_mailbox_maps": (ROUTING, ""),
         "virtual_transport": (ROUTING, "virtual"),
         "alias_maps": (ROUTING, "hash:/etc/aliases, nis:mail.aliases"),
-        "sender_dependent_relayhost_maps": (ROUTING, ""),
         "sender_dependent_default_transport_maps": (ROUTING, ""),
         "fallback_transport": (ROUTING, ""),
         "fallback_transport_maps": (ROUTING, ""),

@@ -42,7 +42,12 @@ from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
-from qmgrd.daemon.metrics import Metrics, spool_queue_counts, start_metrics_server
+from qmgrd.daemon.metrics import (
+    Metrics,
+    spool_oldest_ages,
+    spool_queue_counts,
+    start_metrics_server,
+)
 from qmgrd.daemon.pickup import Pickup
 from qmgrd.daemon.settings import (
     delivery_services,
@@ -156,7 +161,10 @@ class Daemon:
             ids=QueueIdGenerator(long_ids=cfg.get_bool("enable_long_queue_ids")),
         )
         self.clock: Clock = clock or SystemClock()
-        self.metrics = Metrics(queue_counts_fn=lambda: spool_queue_counts(self.spool.root))
+        self.metrics = Metrics(
+            queue_counts_fn=lambda: spool_queue_counts(self.spool.root),
+            queue_ages_fn=lambda: spool_oldest_ages(self.spool, self.clock.now()),
+        )
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
@@ -216,7 +224,7 @@ class Daemon:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
         self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming
+            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
         )
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
@@ -226,6 +234,7 @@ class Daemon:
                 on_commit=self.engine.notify_incoming,
                 committer=self.listener.committer,
                 passwords=self.listener.ctx.passwords,
+                observer=self.metrics.intake,
             )
             self.services[settings.service] = handle
 

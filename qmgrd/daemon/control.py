@@ -20,7 +20,7 @@ Protocol: one JSON object per line each way. Requests::
     {"op": "status"}                                -> {"ok": true, "pid": N, "queue_files":
                                                         {"incoming": N, ...},
                                                         ...EngineStatus.to_json()}
-    {"op": "hold"|"release"|"delete"|"requeue", "ids": [ID, ...] | "ALL"[, "queue": Q]}
+    {"op": "hold"|"release"|"delete"|"requeue"|"expire", "ids": [ID, ...] | "ALL"[, "queue": Q]}
                                                     -> {"ok": true, "results": {ID: result}}
 
 The operation names and results are ``qmgrd.ops.operation.Operation`` and

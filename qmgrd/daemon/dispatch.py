@@ -76,9 +76,9 @@ class Dispatcher:
             record = ctx.table.find(entry.message.queue_id)
             if record is None:
                 raise InvariantError(f"{entry.message.queue_id}: in core but not in the table")
-            if record.op is not None:
-                # Held, deleted or requeued by the operator: hand nothing more out; the
-                # recipients stay R (a "crash" gives no feedback and marks nothing).
+            if record.op is not None or active_of(entry.message).forced_expire:
+                # Held, deleted, requeued or expired by the operator: hand nothing more out;
+                # the recipients stay R (a "crash" gives no feedback and marks nothing).
                 active_of(entry.message).deferred = True  # never "all done" with R left
                 ctx.scheduler.entry_done(entry, crashed=True, now=now)
                 continue

@@ -14,7 +14,9 @@ entry completed and recorded). In order:
 4. reasons in ``bounce/`` are returned to the sender in one failure notice;
 5. then the file is removed (nothing deferred), returned and removed
    (expired: ``maximal_queue_lifetime``, ``bounce_queue_lifetime`` for
-   notices), or moved to ``deferred/`` with its next-attempt time as mtime,
+   notices, or the forced-expire mark of ``qmgrd expire``: every recipient
+   left gets Postfix's ``4.7.0 message is administratively expired``), or
+   moved to ``deferred/`` with its next-attempt time as mtime,
    after a delay notice when ``delay_warning_time`` has come.
 
 Notices are composed between two file jobs by ``qmgrd.daemon.notices``
@@ -48,7 +50,14 @@ from qmgrd.delivery.dsn import wants_notice
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation
 from qmgrd.ops.spoolops import settle_in_core
-from qmgrd.spool import WARNED, Envelope, ReasonRecord, RecipientSpec, rewrite_warn_time
+from qmgrd.spool import (
+    WARNED,
+    Envelope,
+    ReasonRecord,
+    RecipientSpec,
+    Spool,
+    rewrite_warn_time,
+)
 
 __all__ = ["INTERNAL_DSN", "FinishAction", "Finisher"]
 
@@ -143,6 +152,11 @@ class Finisher:
                 spool.append_reasons("defer", qid, reasons)
             msg.problem = None
             msg.deferred = True
+        if msg.forced_expire:
+            reasons = _expire_reasons(spool, msg, now)
+            if reasons:
+                spool.append_reasons("defer", qid, reasons)
+            msg.deferred = msg.deferred or bool(reasons)
         plan = _Plan(FinishAction.REMOVED)
         if msg.bounced:
             records = spool.read_reasons("bounce", qid)
@@ -151,7 +165,7 @@ class Finisher:
         if not msg.deferred:
             return plan
         s = self.ctx.settings
-        if is_expired(
+        if msg.forced_expire or is_expired(
             now,
             qf.arrival_time,
             null_sender=not qf.sender,
@@ -187,6 +201,15 @@ class Finisher:
             plan.warn = True
         return plan
 
+    def _transport_of(self, address: str, sender: str) -> str:
+        """The transport an expired recipient was routed to (a metrics label is never empty)."""
+        try:
+            return self.ctx.resolver.resolve(address, sender=sender).transport or "none"
+        except InvariantError:
+            raise
+        except Exception:  # an address the resolver refuses: still a labelled series
+            return "none"
+
     def _complete(
         self, msg: ActiveMessage, plan: _Plan, notices: list[tuple[NoticeKind, bytes]], now: float
     ) -> list[tuple[NoticeKind, str]]:
@@ -194,8 +217,8 @@ class Finisher:
         spool, qid, qf = self.ctx.spool, msg.queue_id, msg.qf
         if plan.action in (FinishAction.CORRUPT, FinishAction.OPERATOR):
             return []
-        envelope = _notice_envelope(qf.sender, now)
-        ids = [(kind, spool.commit(envelope, body)) for kind, body in notices]
+        ids = [(kind, spool.commit(_notice_envelope(qf.sender, body, now), body))
+               for kind, body in notices]
         if msg.bounced:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
@@ -214,7 +237,9 @@ class Finisher:
         if msg.pending_defer:
             spool.append_reasons("defer", qid, msg.pending_defer)
             msg.pending_defer = []
-        reasons = _internal_reasons(msg, "cannot finish the message (see the log)", now)
+        reasons = _internal_reasons(
+            msg, "internal error: cannot finish the message (see the log)", now
+        )
         if reasons:
             spool.append_reasons("defer", qid, reasons)
         s = self.ctx.settings
@@ -266,7 +291,10 @@ class Finisher:
         elif plan.action is FinishAction.EXPIRED:
             for r in plan.expired:
                 if ctx.metrics is not None:
-                    ctx.metrics.record_delivery("", "expired", r.dsn, now - msg.qf.arrival_time)
+                    ctx.metrics.record_delivery(
+                        self._transport_of(r.address, msg.qf.sender), "expired", r.dsn,
+                        now - msg.qf.arrival_time,
+                    )
                 ctx.smtp_log.info(
                     "expired",
                     queue_id=qid,
@@ -290,11 +318,14 @@ class Finisher:
         ctx.kick()
 
 
-def _notice_envelope(sender: str, now: float) -> Envelope:
+def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:
+    """The notice's envelope: from the null sender; BODY=8BITMIME when it carries 8-bit bytes
+    (an attached original), so the next hop is told (RFC 6152)."""
     return Envelope(
         sender="",
         recipients=(RecipientSpec(sender),),
         arrival_time=now,
+        body=None if notice.isascii() else "8BITMIME",
         client_name="localhost",
         client_addr="127.0.0.1",
     )
@@ -306,11 +337,25 @@ def _internal_reasons(msg: ActiveMessage, reason: str, now: float) -> list[Reaso
         records = msg.qf.read_all_recipients()
     except (OSError, SpoolError):
         return []
-    text = f"internal error: {reason}"
     return [
-        ReasonRecord(r.address, INTERNAL_DSN, "delayed", text, now, "none", r.orcpt,
+        ReasonRecord(r.address, INTERNAL_DSN, "delayed", reason, now, "none", r.orcpt,
                      tuple(sorted(r.notify)))
         for r in records
+    ]
+
+
+FORCED_EXPIRE_DSN = "4.7.0"
+FORCED_EXPIRE_TEXT = "message is administratively expired"  # Postfix's words (postsuper -e)
+
+
+def _expire_reasons(spool: Spool, msg: ActiveMessage, now: float) -> list[ReasonRecord]:
+    """A ``4.7.0`` reason for every recipient still to deliver that has none from this pass."""
+    have = {r.address for r in spool.read_reasons("defer", msg.queue_id)}
+    return [
+        ReasonRecord(r.address, FORCED_EXPIRE_DSN, "delayed", FORCED_EXPIRE_TEXT, now, "none",
+                     r.orcpt, tuple(sorted(r.notify)))
+        for r in msg.qf.read_all_recipients()
+        if r.address not in have
     ]
 
 

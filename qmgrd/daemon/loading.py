@@ -12,12 +12,20 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   (notes §9), parses the envelope and registers the message with the
   scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
   any way) goes to ``corrupt/``; one that vanished (an operator took it) is
-  forgotten; a disk error leaves it where it was, to be loaded again.
+  forgotten; a disk error leaves it where it was, to be loaded again. A
+  system error while opening the moved file (``QueueFileIOError``: EMFILE,
+  EIO, EACCES, ...) says nothing about the file: it is moved back where it
+  came from and loaded again later (logged), never quarantined.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
-  queue). A read the spool refuses makes the file corrupt; any other failure
+  queue). A read the spool refuses makes the file corrupt; a system error on
+  the read (``QueueFileIOError``) defers the message (``4.3.0``, retried);
+  any other failure
   (a resolver bug, an address nothing expected) is the message's problem: its
-  reading ends, and the finisher defers it with the reason.
+  reading ends, and the finisher defers it with the reason. A message marked
+  by ``qmgrd expire`` (the forced-expire mark, seen at load or set by the
+  operator while in core) reads no recipients: its reading ends at once and
+  the finisher returns it to the sender.
 
 Every failure is logged with the queue id; none leaves a task dead or a
 message unaccounted for in the table. ``InvariantError`` is never caught here.
@@ -25,6 +33,7 @@ message unaccounted for in the table. ``InvariantError`` is never caught here.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
@@ -32,7 +41,7 @@ from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import QueueFile, RecipientRecord
+from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
 
 __all__ = ["Loader"]
 
@@ -107,7 +116,7 @@ class Loader:
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
 
-        def work() -> tuple[Path, QueueFile | SpoolError, bool] | None:
+        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool] | None:
             try:
                 path = spool.move(queue_id, src, "active")
             except SpoolError:
@@ -122,20 +131,32 @@ class Loader:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
             try:
-                return path, QueueFile.open(path), bounced
+                qf = QueueFile.open(path)
+            except QueueFileIOError:
+                spool.move(queue_id, "active", src)  # not the file's fault: load it again later
+                raise
             except SpoolError as exc:
-                return path, exc, bounced
+                return path, exc, bounced, False
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
-                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False
+            try:
+                forced = is_forced_expire(os.stat(path).st_mode)
+            except OSError as exc:
+                spool.move(queue_id, "active", src)
+                raise QueueFileIOError(f"{path}: cannot stat: {exc.strerror}") from exc
+            return path, qf, bounced, forced
 
         try:
             loaded = await ctx.io.submit(work)
         except InvariantError:
             raise
         except Exception as exc:  # disk trouble (or worse): the file stays where it was
-            ctx.log.error(
-                "cannot move message to the active queue", queue_id=queue_id, error=str(exc)
+            event = (
+                "cannot open queue file, retried later"
+                if isinstance(exc, QueueFileIOError)
+                else "cannot move message to the active queue"
             )
+            ctx.log.error(event, queue_id=queue_id, error=str(exc))
             ctx.table.done(record)
             if src == "incoming":
                 # deferred/ is rescanned every queue_run_delay; incoming/ needs a retry.
@@ -144,11 +165,13 @@ class Loader:
         if loaded is None:
             ctx.table.done(record)
             return
-        path, qf, bounced = loaded
+        path, qf, bounced, forced = loaded
         if isinstance(qf, SpoolError):
             await self._quarantine(record, str(qf))
             return
-        msg = ActiveMessage(queue_id, path, qf, queued_time=now, bounced=bounced)
+        msg = ActiveMessage(
+            queue_id, path, qf, queued_time=now, bounced=bounced, forced_expire=forced
+        )
         record.active = msg
         ctx.table.move(record, MessageState.IN_CORE)
         ctx.scheduler.message_create(
@@ -190,10 +213,18 @@ class Loader:
         """Read and resolve one batch of recipients (see the module doc)."""
         ctx = self.ctx
         msg = active_of(request.message)
+        if msg.forced_expire:
+            # ``qmgrd expire``: deliver nothing more; the finisher returns what is left.
+            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
+            return
         try:
             records, next_offset = await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
+        except QueueFileIOError as exc:
+            # The system failed, not the file: defer the message (4.3.0) and retry it later.
+            self._problem(request, msg, f"cannot read queue file: {exc}", internal=False)
+            return
         except (SpoolError, OSError) as exc:
             msg.corrupt = str(exc)
             ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
@@ -205,7 +236,8 @@ class Loader:
             self._problem(request, msg, f"cannot read recipients: {exc!r}")
             return
         try:
-            resolved = [self.resolve(record) for record in records]
+            sender = msg.qf.sender
+            resolved = [self.resolve(record, sender) for record in records]
         except InvariantError:
             raise
         except Exception as exc:
@@ -213,18 +245,24 @@ class Loader:
             return
         ctx.scheduler.recipients_add(request.message, resolved, next_offset, ctx.clock.now())
 
-    def _problem(self, request: ReadRequest, msg: ActiveMessage, reason: str) -> None:
-        """End the message's reading; the finisher defers it with ``reason``."""
+    def _problem(
+        self, request: ReadRequest, msg: ActiveMessage, reason: str, *, internal: bool = True
+    ) -> None:
+        """End the message's reading; the finisher defers it with ``reason`` (prefixed with
+        ``internal error:`` when a step failed unexpectedly, rather than the system)."""
         ctx = self.ctx
-        msg.problem = reason
-        ctx.log.error("message deferred after an internal error", queue_id=msg.queue_id,
-                      error=reason)
+        msg.problem = f"internal error: {reason}" if internal else reason
+        event = "message deferred after an internal error" if internal else (
+            "message deferred after a system error")
+        ctx.log.error(event, queue_id=msg.queue_id, error=reason)
         ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
 
-    def resolve(self, record: RecipientRecord) -> ResolvedRecipient:
-        """(transport, nexthop, queue) of one recipient, under the current configuration."""
+    def resolve(self, record: RecipientRecord, sender: str | None = None) -> ResolvedRecipient:
+        """(transport, nexthop, queue) of one recipient, under the current configuration;
+        ``sender`` (the message's, ``""`` for the null sender) selects a relayhost from
+        ``sender_dependent_relayhost_maps``."""
         ctx = self.ctx
-        resolved = ctx.resolver.resolve(record.address)
+        resolved = ctx.resolver.resolve(record.address, sender=sender)
         params = ctx.transport_params(resolved.transport)
         name = queue_name(
             resolved,

@@ -17,6 +17,18 @@ Two kinds of series (docs/operations.md lists every one and how to read it):
   a queue full of distinct domains cannot blow up the series count; totals
   per transport cover the rest.
 
+- **Intake**, counted by the SMTP listener through the observer protocol
+  :class:`IntakeObserver` (``qmgrd.daemon.metrics_intake``, re-exported
+  here): ``Metrics.intake`` is the daemon's observer.
+- **Age**: ``queue_ages_fn()`` (:func:`spool_oldest_ages`) gives, per spool
+  queue, the age of its oldest message from the creation time in its queue
+  id (no file is opened); an empty queue is 0. Read at scrape time off the
+  loop, as ``qmgrd_queue_oldest_message_age_seconds{queue}``.
+- ``qmgrd_build_info{version,python} 1``.
+
+Labels are never empty: a caller that passes an empty label value is a bug
+(``InvariantError``).
+
 Reason classes: a deferral or bounce is labelled by the class and subject of
 its enhanced status code (RFC 3463), ``4.4.x`` for "4.4.1 connection
 refused", so the label has at most 3 x 8 values plus ``other``.
@@ -32,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import platform
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -41,26 +54,37 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
+from qmgrd import __version__
 from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
+from qmgrd.daemon.metrics_intake import NULL_INTAKE, IntakeMetrics, IntakeObserver
 from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
-from qmgrd.errors import InvariantError
+from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool import Spool, queue_id_time
 
 __all__ = [
+    "AGE_QUEUES",
+    "NULL_INTAKE",
     "SPOOL_QUEUES",
+    "IntakeObserver",
     "Metrics",
     "MetricsServer",
     "reason_class",
+    "spool_oldest_ages",
     "spool_queue_counts",
     "start_metrics_server",
 ]
 
 StatusFn = Callable[[], EngineStatus]
 QueueCountsFn = Callable[[], Mapping[str, int]]
+QueueAgesFn = Callable[[], Mapping[str, float]]
 
 STATUSES = ("sent", "deferred", "bounced", "expired")
 
 SPOOL_QUEUES = ("incoming", "active", "deferred", "hold", "corrupt")
 """Queues reported by :func:`spool_queue_counts` (the ones holding messages)."""
+
+AGE_QUEUES = ("incoming", "active", "deferred", "hold")
+"""Queues whose oldest message's age is reported (corrupt/ holds no live mail)."""
 
 # From "just delivered" to "expired after maximal_queue_lifetime (5d)".
 DELAY_BUCKETS = (
@@ -92,6 +116,30 @@ def spool_queue_counts(root: Path, queues: Iterable[str] = SPOOL_QUEUES) -> dict
     return counts
 
 
+def spool_oldest_ages(
+    spool: Spool, now: float, queues: Iterable[str] = AGE_QUEUES
+) -> dict[str, float]:
+    """Seconds since the oldest message of each queue was created (0 for an empty queue).
+
+    From the ids alone (``Spool.list_ids`` lists oldest first; ``queue_id_time``):
+    one directory listing per queue, no file opened. Blocking: call it in a thread.
+    """
+    ages: dict[str, float] = {}
+    for queue in queues:
+        try:
+            ids = spool.list_ids(queue)
+        except (OSError, SpoolError):
+            ids = []
+        age = 0.0
+        if ids:
+            try:
+                age = max(0.0, now - queue_id_time(ids[0], now))
+            except ValueError:  # cannot happen for a listed id; an age of 0 is harmless
+                age = 0.0
+        ages[queue] = age
+    return ages
+
+
 def _count_files(directory: Path) -> int:
     total = 0
     try:
@@ -116,6 +164,7 @@ class Metrics:
         status_fn: StatusFn | None = None,
         queue_counts_fn: QueueCountsFn | None = None,
         *,
+        queue_ages_fn: QueueAgesFn | None = None,
         top_destinations: int = 20,
     ) -> None:
         """``status_fn``/``queue_counts_fn`` may also be assigned later (when the engine exists)."""
@@ -123,6 +172,7 @@ class Metrics:
             raise InvariantError(f"top_destinations must be >= 0, not {top_destinations}")
         self.status_fn = status_fn
         self.queue_counts_fn = queue_counts_fn
+        self.queue_ages_fn = queue_ages_fn
         self.top_destinations = top_destinations
         self.registry = CollectorRegistry(auto_describe=False)
         self.deliveries = Counter(
@@ -158,6 +208,7 @@ class Metrics:
             buckets=ATTEMPT_BUCKETS,
             registry=self.registry,
         )
+        self.intake: IntakeObserver = IntakeMetrics(self.registry)
         self._state = _StateCollector(self)
         self.registry.register(self._state)
 
@@ -167,6 +218,8 @@ class Metrics:
         """One recipient outcome; ``seconds`` = arrival to outcome (the log's ``delay=``)."""
         if status not in STATUSES:
             raise InvariantError(f"record_delivery: unknown status {status!r}")
+        if not transport:
+            raise InvariantError(f"record_delivery: empty transport label ({status})")
         self.deliveries.labels(transport, status).inc()
         if status == "deferred":
             self.deferrals.labels(transport, reason_class(dsn)).inc()
@@ -187,14 +240,17 @@ class Metrics:
     async def render(self) -> bytes:
         """The text exposition for a scrape: directory counting off the loop, the rest on it."""
         counts: Mapping[str, int] | None = None
+        ages: Mapping[str, float] | None = None
         if self.queue_counts_fn is not None:
             counts = await asyncio.to_thread(self.queue_counts_fn)
+        if self.queue_ages_fn is not None:
+            ages = await asyncio.to_thread(self.queue_ages_fn)
         # No await from here on: the snapshot and the exposition belong together.
-        self._state.counts = counts
+        self._state.counts, self._state.ages = counts, ages
         try:
             return generate_latest(self.registry)
         finally:
-            self._state.counts = None
+            self._state.counts = self._state.ages = None
 
 
 class _StateCollector(Collector):
@@ -203,6 +259,7 @@ class _StateCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self.counts: Mapping[str, int] | None = None  # set by Metrics.render for one scrape
+        self.ages: Mapping[str, float] | None = None  # likewise
 
     def describe(self) -> Iterable[Metric]:
         """Nothing to pre-declare: the series depend on the state at scrape time."""
@@ -221,6 +278,24 @@ class _StateCollector(Collector):
             for queue, count in sorted(counts.items()):
                 files.add_metric((queue,), count)
             yield files
+        ages = self.ages
+        if ages is None and metrics.queue_ages_fn is not None:
+            ages = metrics.queue_ages_fn()
+        if ages is not None:
+            oldest = GaugeMetricFamily(
+                "qmgrd_queue_oldest_message_age_seconds",
+                "Age of the oldest message per spool queue, from its queue id (0 when empty).",
+                labels=("queue",),
+            )
+            for queue, age in sorted(ages.items()):
+                oldest.add_metric((queue,), age)
+            yield oldest
+        build = GaugeMetricFamily(
+            "qmgrd_build_info", "qmgrd's version and Python's; always 1.",
+            labels=("version", "python"),
+        )
+        build.add_metric((__version__, platform.python_version()), 1)
+        yield build
         if metrics.status_fn is not None:
             yield from _status_metrics(metrics.status_fn(), metrics.top_destinations)
 

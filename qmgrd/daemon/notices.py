@@ -7,7 +7,9 @@ bytes of a notice (``kind`` ``failure`` or ``delay``) for ``records`` of the
 loaded message ``msg``, and never raises for anything the message contains:
 
 1. the full notice (``qmgrd.delivery.dsn.compose_dsn``, with the original
-   attached, or its headers only for RET=HDRS and delay notices) is built on
+   attached, or its headers only for RET=HDRS, delay notices and originals
+   larger than ``bounce_size_limit``; only the first ``bounce_size_limit + 2``
+   bytes of the original are read) is built on
    the composer's **own** small pool of daemon threads, never on the spool's
    ``IoBatcher`` workers, and waited for at most ``timeout`` seconds from the
    moment a thread starts it (``asyncio.wait_for``; a burst of bounces queues
@@ -44,7 +46,7 @@ from typing import Any, Literal
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import ActiveMessage
 from qmgrd.delivery.dsn import DsnRecipient, compose_dsn
-from qmgrd.spool import ReasonRecord, read_content
+from qmgrd.spool import QueueFileContent, ReasonRecord
 
 __all__ = ["Job", "NoticeComposer", "NoticeKind", "PoolBusy", "ThreadPool", "minimal_dsn"]
 
@@ -229,7 +231,12 @@ class NoticeComposer:
         """The full notice (pool thread): reads the original and composes."""
         qf = msg.qf
         s = self.ctx.settings
-        content = read_content(msg.path)
+        # Only what compose_dsn can use: past bounce_size_limit it attaches the headers only,
+        # so a 50 MB original costs a 50 kB read (+2: enough to see that it is over the limit).
+        limit = max(1, s.bounce_size_limit)
+        content = QueueFileContent(
+            msg.path, qf.content_offset, min(qf.content_size, limit + 2)
+        ).read()
         recipients = [
             DsnRecipient(
                 final_recipient=r.address,
@@ -255,6 +262,7 @@ class NoticeComposer:
             now=datetime.fromtimestamp(now, UTC),
             delay_seconds=now - qf.arrival_time,
             lifetime_seconds=s.maximal_queue_lifetime,
+            bounce_size_limit=limit,
         )
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""Operator operations on the running daemon: hold, release, delete, requeue, flush.
+"""Operator operations on the running daemon: hold, release, delete, requeue, expire, flush.
 
 Contract (Postfix's postsuper and postqueue, done by the one spool writer)
 --------------------------------------------------------------------------
@@ -20,6 +20,14 @@ table:
 - RETRY (its finish failed; nothing in flight): applied to the file in
   ``active/`` now -> ``ok``.
 
+``expire`` (postsuper -e) never moves a file: it sets the forced-expire mark
+(``spoolops.expire_file``). A waiting or queued message is marked where it is
+(a deferred one is loaded now); the load sees the mark and the finisher
+returns the message to the sender as if ``maximal_queue_lifetime`` had passed.
+A message in core is marked on disk at once and flagged: its reading stops,
+and when the deliveries in flight end, whatever is left is returned (``ok``).
+A held message stays held (Postfix never delivers from ``hold/``).
+
 ``release`` only takes messages from ``hold/``: a message whose hold waits
 for its delivery to end is not on hold yet (``not found``, as before). Every failure is answered
 ``error: TEXT`` and logged with the queue id.
@@ -37,7 +45,7 @@ from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import MessageState
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation, OpResult
-from qmgrd.ops.spoolops import mark_in_core, operate_file
+from qmgrd.ops.spoolops import expire_file, mark_in_core, operate_file
 
 __all__ = ["Operator"]
 
@@ -46,7 +54,7 @@ _LOOKS = 4  # times an operation looks at a message that keeps changing state
 
 
 class Operator:
-    """The engine side of ``qmgrd hold|release|delete|requeue|flush`` (see the module doc)."""
+    """The engine side of ``qmgrd hold|release|delete|requeue|expire|flush`` (module doc)."""
 
     def __init__(
         self,
@@ -94,7 +102,7 @@ class Operator:
             if record is None:
                 break
             state = record.state
-            if state is MessageState.WAITING:
+            if state is MessageState.WAITING and op is not Operation.EXPIRE:
                 ctx.table.done(record)
                 break
             if state in (MessageState.LOADING, MessageState.FINISHING):
@@ -107,6 +115,10 @@ class Operator:
                 continue
             if op is Operation.RELEASE:
                 return OpResult.NOT_FOUND  # not on hold yet: its hold completes with the pass
+            if op is Operation.EXPIRE:
+                if state is MessageState.WAITING:
+                    break  # marked where it waits; the load sees the mark
+                return await self._expire_active(queue_id)
             if state is MessageState.IN_CORE:
                 return await self._mark(record.queue_id, op)
             ctx.table.done(record)  # RETRY: nothing in flight, the file is in active/
@@ -136,6 +148,26 @@ class Operator:
         ctx.kick()
         return OpResult.PENDING
 
+    async def _expire_active(self, queue_id: str) -> str:
+        """Mark a message in ``active/`` (in core, or waiting for a finish retry): the mark is
+        on disk at once, and the finisher returns what is left when the pass ends."""
+        ctx = self.ctx
+        record = ctx.table.find(queue_id)
+        if record is None or record.active is None:
+            raise InvariantError(f"{queue_id}: expired in active/ while not loaded")
+        msg = record.active
+        try:
+            await ctx.io.submit(lambda: expire_file(msg.path))
+        except InvariantError:
+            raise
+        except Exception as exc:
+            ctx.log.error("operation failed", queue_id=queue_id, op="expire", error=str(exc))
+            return OpResult.error(str(exc))
+        msg.forced_expire = True
+        ctx.log.info(Operation.EXPIRE.log, queue_id=queue_id)
+        ctx.kick()
+        return OpResult.OK
+
     async def _on_file(self, op: Operation, queue_id: str, sources: tuple[str, ...]) -> str:
         ctx = self.ctx
         now = ctx.clock.now()
@@ -149,6 +181,16 @@ class Operator:
             ctx.log.error("operation failed", queue_id=queue_id, op=op.value, error=result)
         elif result == OpResult.OK:
             self.op_done(queue_id, op)
+            if op is Operation.EXPIRE and ctx.table.find(queue_id) is None:
+                # Marked in deferred/ (or incoming/): load it now, so it is returned at once.
+                where = await ctx.io.submit(
+                    lambda: next((q for q in ("deferred", "incoming")
+                                  if ctx.spool.path(q, queue_id).is_file()), None)
+                )
+                if where == "deferred":
+                    self.enqueue_deferred(queue_id)
+                elif where == "incoming":
+                    self.notify_incoming(queue_id)
         return result
 
     def op_done(self, queue_id: str, op: Operation) -> None:

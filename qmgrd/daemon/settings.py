@@ -17,6 +17,7 @@ from qmgrd.core.feedback import parse_feedback
 from qmgrd.core.params import SchedulerParams, TransportParams
 from qmgrd.core.resolve import ResolverSettings, TransportTable
 from qmgrd.delivery.factory import AGENT_COMMANDS, agent_name
+from qmgrd.delivery.settings import open_lookup
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +126,8 @@ def _transport_params(cfg: Config, name: str, warn: Callable[[str], None]) -> Tr
 def resolver_settings(
     cfg: Config, read_file: Callable[[Path], str] | None = None
 ) -> ResolverSettings:
-    """Routing settings; ``transport_maps`` tables are opened here (the core never reads files).
+    """Routing settings; ``transport_maps`` and ``sender_dependent_relayhost_maps`` tables are
+    opened here (the core never reads files).
 
     ``read_file`` is no longer used (the tables read and re-read their own files).
     """
@@ -135,6 +137,7 @@ def resolver_settings(
         transport_table=TransportTable(transport_find(cfg)),
         defer_transports=frozenset(cfg.get_list("defer_transports")),
         recipient_delimiter=cfg.get_str("recipient_delimiter"),
+        sender_relayhost=open_lookup(cfg, "sender_dependent_relayhost_maps"),
     )
 
 

@@ -94,8 +94,9 @@ class ActiveMessage:
     deferred: bool = False  # some recipient was deferred in this pass
     bounced: bool = False  # the bounce log holds reasons not yet returned to the sender
     corrupt: str | None = None  # the file turned out unreadable mid-pass
-    problem: str | None = None  # a step failed unexpectedly: defer the message with this
+    problem: str | None = None  # a step or the system failed: defer with this reason text
     pending_defer: list[ReasonRecord] = field(default_factory=list)  # not yet in defer/
+    forced_expire: bool = False  # marked by ``qmgrd expire``: returned when this pass ends
 
 
 @dataclass(slots=True, eq=False)

@@ -245,6 +245,7 @@ async def data(s: Session, arg: str) -> None:
             s.ctx.on_commit(queue_id)
     else:
         s.ctx.on_commit(queue_id)
+    s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered
     s.reply(f"250 2.0.0 Ok: queued as {queue_id}")
 
@@ -343,6 +344,7 @@ async def auth(s: Session, arg: str) -> None:
         s.reply("235 2.7.0 Authentication successful")
         return
     s.auth_failures += 1
+    s.ctx.observer.auth_failed(mechanism)
     s.log.warning(
         "SASL authentication failed",
         client=s.client,

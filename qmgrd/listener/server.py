@@ -46,6 +46,7 @@ from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
@@ -164,6 +165,7 @@ class ListenerHandle:
         counters = self.ctx.counters
         log = get_logger("smtpd")
         client = f"unknown[{addr}]"
+        self.ctx.observer.connected()
         if counters.total >= min(settings.session_limit, self._fd_cap):
             log.warning(
                 "session limit reached: connection refused",
@@ -171,6 +173,7 @@ class ListenerHandle:
                 smtpd_session_limit=min(settings.session_limit, self._fd_cap),
             )
             _refuse(conn, "421 4.3.2 Service currently unavailable")
+            self.ctx.observer.rejected("limits")
             return
         limit = settings.client_connection_limit
         if limit and counters.sessions(addr) >= limit and not settings.limit_exempt(addr):
@@ -183,6 +186,7 @@ class ListenerHandle:
             _refuse(
                 conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}"
             )
+            self.ctx.observer.rejected("limits")
             return
         counters.connect(addr)
         task = self._loop.create_task(self._serve(conn, addr, settings))
@@ -212,6 +216,7 @@ class ListenerHandle:
             return
         session = Session(chan, settings, self.ctx, addr)
         self.sessions.add(session)
+        self.ctx.observer.session_started()
         try:
             await session.run()
         except Exception as exc:  # a bug: it ends this session only, and is reported loudly
@@ -220,6 +225,7 @@ class ListenerHandle:
             )
             self._loop.call_exception_handler({"message": "SMTP session failed", "exception": exc})
         finally:
+            self.ctx.observer.session_ended()
             self.sessions.discard(session)
             self.ctx.counters.disconnect(addr)
 
@@ -300,6 +306,7 @@ async def start_listener(
     clock: Callable[[], float] = time.time,
     committer: GroupCommitter | None = None,
     passwords: PasswordChecker | None = None,
+    observer: IntakeObserver = NULL_INTAKE,
 ) -> ListenerHandle:
     """Bind every ``settings.listen`` address on the running loop and serve SMTP.
 
@@ -315,6 +322,7 @@ async def start_listener(
         clock=clock,
         counters=ClientCounters(),
         passwords=passwords or PasswordChecker(),
+        observer=observer,
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None

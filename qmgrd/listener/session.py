@@ -56,6 +56,7 @@ from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
     Closed,
     Command,
@@ -89,6 +90,7 @@ class ListenerContext:
     clock: Callable[[], float]
     counters: ClientCounters
     passwords: PasswordChecker
+    observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
 
 
 @dataclass(slots=True, eq=False)
@@ -252,6 +254,7 @@ class Session:
         if text[0] in "45" and not text.startswith(_NOT_ERRORS):
             self.errors += 1
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
+        self.ctx.observer.replied(text)
 
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""

@@ -2,8 +2,8 @@
 
 Contract
 --------
-:class:`Operation` names what ``qmgrd hold|release|delete|requeue`` (Postfix's
-``postsuper -h|-H|-d|-r``) ask for. The same values travel end to end: the CLI
+:class:`Operation` names what ``qmgrd hold|release|delete|requeue|expire``
+(Postfix's ``postsuper -h|-H|-d|-r|-e``) ask for. The same values travel end to end: the CLI
 sub-command, the control protocol's ``op`` field, the engine and the offline
 spool side (``qmgrd.ops.spoolops``). Being a ``StrEnum``, an operation is its
 own wire spelling (``Operation.HOLD == "hold"``); ``Operation.parse(text)``
@@ -32,12 +32,13 @@ ACTIVE_SOURCES = ("incoming", "active", "deferred", "hold")
 
 
 class Operation(enum.StrEnum):
-    """hold / release / delete / requeue (see the module doc)."""
+    """hold / release / delete / requeue / expire (see the module doc)."""
 
     HOLD = "hold"
     RELEASE = "release"
     DELETE = "delete"
     REQUEUE = "requeue"
+    EXPIRE = "expire"  # postsuper -e: the forced-expire mark (qmgrd.spool.marks)
 
     @classmethod
     def parse(cls, text: str) -> Operation:
@@ -74,12 +75,14 @@ _SUMMARY = {
     Operation.RELEASE: "Released from hold",
     Operation.DELETE: "Deleted",
     Operation.REQUEUE: "Requeued",
+    Operation.EXPIRE: "Expired",
 }
 _LOG = {
     Operation.HOLD: "held by the operator",
     Operation.RELEASE: "released from hold",
     Operation.DELETE: "removed by the operator",
     Operation.REQUEUE: "requeued",
+    Operation.EXPIRE: "forced to expire by the operator",
 }
 
 

@@ -31,7 +31,9 @@ daemon that picks it up.
 side; ``operate_command(...)`` is the CLI command: it reads ids (``-`` = from
 stdin), talks to the daemon or falls back to ``offline_operate``, prints a
 postsuper-style summary (``qmgrd: Deleted: 3 messages``) and returns the exit
-code (0 done, 1 some id not found or failed, 2 bad arguments).
+code (0 done, 1 some id not found or failed, 2 bad arguments). Results the
+daemon or the file system wrote (error texts) are printed through
+``qmgrd.textsafe.printable``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ from qmgrd.ops.client import DaemonNotRunning, call
 from qmgrd.ops.operation import Operation, OpResult
 from qmgrd.ops.spoolops import operate_file
 from qmgrd.spool import Spool, is_queue_id
+from qmgrd.spool.lock import DaemonHoldsSpool, lock_spool_shared
+from qmgrd.textsafe import printable
 
 __all__ = ["UsageError", "offline_operate", "operate_command", "parse_ids", "parse_selection"]
 
@@ -126,8 +130,12 @@ def operate_command(
     out: TextIO,
     err: TextIO,
     now: float,
+    release: bool = False,
 ) -> int:
     """The CLI command (see the module doc); returns the exit code.
+
+    ``release`` (``expire -f``, postsuper's ``-f``): the expired messages that are on hold
+    are released as well, so they are returned now.
 
     ``op`` may be the sub-command's name as argparse gives it: it is parsed here,
     at the edge, into an ``Operation``.
@@ -141,11 +149,46 @@ def operate_command(
     if queue_ids == []:
         err.write("qmgrd: warning: no queue ids given\n")
         return 0
-    results = _via_daemon(queue_directory, op, queue_ids, queue)
+    results = _operate(queue_directory, op, queue_ids, queue, now, err)
     if results is None:
-        spool = Spool(queue_directory)
-        results = offline_operate(spool, op, queue_ids, now, queue=queue)
-    return _report(op, results, out=out, err=err)
+        return 1
+    code = _report(op, results, out=out, err=err)
+    if release and op is Operation.EXPIRE and queue in (None, "hold"):
+        # postsuper -f: the expired messages that are held are released too (returned now).
+        ids = None if queue_ids is None else [q for q, r in results.items() if r == OpResult.OK]
+        if ids != []:
+            released = _operate(queue_directory, Operation.RELEASE, ids, queue, now, err)
+            if released is None:
+                return 1
+            count = sum(1 for r in released.values() if r == OpResult.OK)
+            if count:
+                plural = "" if count == 1 else "s"
+                out.write(f"qmgrd: {Operation.RELEASE.summary}: {count} message{plural}\n")
+    return code
+
+
+def _operate(
+    queue_directory: Path,
+    op: Operation,
+    queue_ids: list[str] | None,
+    queue: str | None,
+    now: float,
+    err: TextIO,
+) -> dict[str, str] | None:
+    """Results from the daemon, or offline under the shared lock; None (said on ``err``) when
+    a daemon holds the spool but does not answer yet."""
+    results = _via_daemon(queue_directory, op, queue_ids, queue)
+    if results is not None:
+        return results
+    try:
+        with lock_spool_shared(queue_directory):
+            return offline_operate(Spool(queue_directory), op, queue_ids, now, queue=queue)
+    except DaemonHoldsSpool as exc:  # a daemon took the spool since it did not answer
+        results = _via_daemon(queue_directory, op, queue_ids, queue)
+        if results is None:
+            pid = "unknown" if exc.pid is None else exc.pid
+            err.write(f"qmgrd: fatal: the daemon (pid {pid}) is starting; try again\n")
+        return results
 
 
 def _via_daemon(
@@ -184,10 +227,10 @@ def _report(op: Operation, results: dict[str, str], *, out: TextIO, err: TextIO)
         elif result == OpResult.PENDING:
             pending += 1
         elif result == OpResult.NOT_FOUND:
-            err.write(f"qmgrd: warning: {queue_id}: no such message\n")
+            err.write(f"qmgrd: warning: {printable(queue_id)}: no such message\n")
             failed = True
         else:
-            err.write(f"qmgrd: warning: {queue_id}: {result}\n")
+            err.write(f"qmgrd: warning: {printable(queue_id)}: {printable(result)}\n")
             failed = True
     count = done + pending
     line = f"qmgrd: {op.summary}: {count} message{'' if count == 1 else 's'}"

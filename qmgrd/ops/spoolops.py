@@ -9,7 +9,10 @@ disk refuses; none of them logs.
 ``operate_file(spool, op, queue_id, sources, now) -> str`` applies ``op`` to a
 message waiting in one of ``sources`` (the first queue holding it): ``hold``
 moves it to ``hold/``, ``release`` to ``deferred/`` due now, ``requeue`` to
-``incoming/`` due now, ``delete`` removes it from every one of ``sources``
+``incoming/`` due now, ``expire`` sets the forced-expire mark
+(``qmgrd.spool.mark_forced_expire``; the file stays where it is, a deferred one
+is made due now so the queue manager returns it at its next scan; a held one
+stays held, as in Postfix), ``delete`` removes it from every one of ``sources``
 (a hold made durable during a delivery leaves two names) with its ``defer/``
 and ``bounce/`` logs. It answers ``ok``, ``not found`` or ``error: TEXT``; a file
 that another process moved meanwhile is looked for in the next queue. The
@@ -43,9 +46,16 @@ from pathlib import Path
 
 from qmgrd.errors import SpoolError
 from qmgrd.ops.operation import Operation, OpResult
-from qmgrd.spool import QueueFile, Spool, mark_done
+from qmgrd.spool import QueueFile, Spool, mark_done, mark_forced_expire
 
-__all__ = ["mark_in_core", "operate_file", "recover_held", "settle_in_core", "unhold_in_core"]
+__all__ = [
+    "expire_file",
+    "mark_in_core",
+    "operate_file",
+    "recover_held",
+    "settle_in_core",
+    "unhold_in_core",
+]
 
 
 def operate_file(
@@ -61,18 +71,35 @@ def operate_file(
         if op is Operation.HOLD and src == "hold":
             return OpResult.OK
         try:
-            if op is Operation.HOLD:
+            if op is Operation.EXPIRE:
+                expire_file(path, due=now if src == "deferred" else None)
+            elif op is Operation.HOLD:
                 spool.move(queue_id, src, "hold")
             elif op is Operation.RELEASE:
                 spool.move(queue_id, src, "deferred", mtime=now)
             else:
                 spool.move(queue_id, src, "incoming", mtime=now)
+        except FileNotFoundError:
+            continue  # moved by someone else meanwhile: look in the next queue
         except SpoolError as exc:
             if not path.exists():
                 continue  # moved by someone else meanwhile: look in the next queue
             return OpResult.error(str(exc))
         return OpResult.OK
     return OpResult.NOT_FOUND
+
+
+def expire_file(path: Path, *, due: float | None = None) -> None:
+    """Set the forced-expire mark on the queue file at ``path``; with ``due``, also make it
+    due at that time (its mtime, as for a deferred message). FileNotFoundError if it is gone."""
+    mark_forced_expire(path)
+    if due is not None:
+        try:
+            os.utime(path, (due, due), follow_symlinks=False)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise SpoolError(f"cannot touch {path}: {exc.strerror}") from exc
 
 
 def _delete_everywhere(spool: Spool, queue_id: str, sources: Sequence[str]) -> str:

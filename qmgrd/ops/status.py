@@ -21,11 +21,15 @@ reply itself)::
       destination                 window busy todo state
       example.com                      5    2    0 ready
       example.net                      1    0    3 dead (connect to ...: refused)
+
+Destination names, reasons (remote replies) and every other string of the
+reply are foreign text: they are printed through ``qmgrd.textsafe.printable``
+(``--json``: ``printable_json``, one line), so no control character reaches
+the operator's terminal.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,6 +37,7 @@ from typing import Any, TextIO
 from qmgrd.daemon.control_socket import control_socket_path
 from qmgrd.daemon.snapshot import StatusReply, TransportStatus
 from qmgrd.ops.client import call
+from qmgrd.textsafe import printable, printable_json
 
 __all__ = ["flush_command", "format_status", "format_uptime", "scan_command", "status_command"]
 
@@ -51,12 +56,14 @@ def flush_command(
         reply = call(path, {"op": "flush", "destination": destination})
         count = int(reply.get("messages", 0))
         plural = "" if count == 1 else "s"
-        out.write(f"qmgrd: {destination}: retrying {count} deferred message{plural}\n")
+        out.write(f"qmgrd: {printable(destination)}: retrying {count} deferred message{plural}\n")
         return 0
     if queue_id is not None:
         reply = call(path, {"op": "flush", "queue_id": queue_id})
         if not reply.get("found"):
-            err.write(f"qmgrd: warning: {queue_id}: no such message in the deferred queue\n")
+            err.write(
+                f"qmgrd: warning: {printable(queue_id)}: no such message in the deferred queue\n"
+            )
             return 1
         return 0
     call(path, {"op": "flush"})
@@ -74,7 +81,7 @@ def status_command(queue_directory: Path, *, as_json: bool, out: TextIO) -> int:
     reply = call(control_socket_path(queue_directory), {"op": "status"})
     reply.pop("ok", None)
     if as_json:
-        out.write(json.dumps(reply, indent=2, sort_keys=True) + "\n")
+        out.write(printable_json(dict(sorted(reply.items()))) + "\n")
     else:
         out.write(format_status(reply))
     return 0
@@ -102,13 +109,17 @@ def format_status(status: Mapping[str, Any]) -> str:
     pid = "?" if reply.pid is None else str(reply.pid)
     lines = [f"qmgrd: pid {pid}, up {format_uptime(core.uptime)}"]
     if reply.queue_files:
-        lines.append("queue files: " + ", ".join(f"{q} {n}" for q, n in reply.queue_files))
+        lines.append(
+            "queue files: " + ", ".join(f"{printable(q)} {n}" for q, n in reply.queue_files)
+        )
     lines.append(
         f"in core: {core.messages_in_core} messages, {core.recipients_in_core} recipients; "
         f"{core.messages_waiting} waiting to be loaded"
     )
     if core.stats:
-        lines.append("counters: " + ", ".join(f"{k}={v}" for k, v in core.stats))
+        lines.append(
+            "counters: " + ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in core.stats)
+        )
     for transport in core.transports:
         lines.append("")
         lines.extend(_transport_lines(transport))
@@ -116,15 +127,16 @@ def format_status(status: Mapping[str, Any]) -> str:
 
 
 def _transport_lines(transport: TransportStatus) -> list[str]:
-    head = f"transport {transport.name}: busy {transport.busy}"
+    head = f"transport {printable(transport.name)}: busy {transport.busy}"
     if transport.dead:
-        head += " DEAD" + (f" ({transport.reason})" if transport.reason else "")
+        head += " DEAD" + (f" ({printable(transport.reason)})" if transport.reason else "")
     if not transport.queues:
         return [head, "  no destinations in core"]
-    width = max(len("destination"), *(len(q.name) for q in transport.queues))
+    names = [printable(q.name) for q in transport.queues]
+    width = max(len("destination"), *(len(name) for name in names))
     lines = [head, f"  {'destination':<{width}} window busy todo state"]
-    for q in transport.queues:
-        state = q.state + (f" ({q.reason})" if q.reason else "")
+    for q, name in zip(transport.queues, names, strict=True):
+        state = printable(q.state) + (f" ({printable(q.reason)})" if q.reason else "")
         window = f"{q.window:g}" if isinstance(q.window, float) else str(q.window)
-        lines.append(f"  {q.name:<{width}} {window:>6} {q.busy:>4} {q.todo:>4} {state}")
+        lines.append(f"  {name:<{width}} {window:>6} {q.busy:>4} {q.todo:>4} {state}")
     return lines

@@ -169,27 +169,43 @@ async def test_damaged_recipient_area_quarantines_without_delivering(tmp_path: P
     assert qid in _warned(logs)
 
 
-async def test_unreadable_file_is_quarantined_with_the_reason(
+async def test_unreadable_file_is_retried_not_quarantined(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A queue file the daemon may not open (EACCES, simulated: we run as root) goes to corrupt/."""
+    """A queue file the daemon may not open (EACCES, simulated: we run as root) is a system
+    error, not damage: it goes back to incoming/ (logged), and once readable it is delivered."""
     agent = FakeAgent()
     engine, spool, clock = create_test_engine(tmp_path, agent)
     locked = _commit(spool, clock, "locked@dst.test")
     ok = _commit(spool, clock, "ok@dst.test")
     real_open: Callable[..., int] = os.open
+    denied = {"on": True}
 
     def fake_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
-        if os.fspath(path).endswith(os.path.join("active", locked)):
+        if denied["on"] and os.fspath(path).endswith(os.path.join("active", locked)):
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real_open(path, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", fake_open)
     with capture_logs() as logs:
-        task = await run_until_idle(engine)
-        await stop_engine(engine, task)
+        task = asyncio.create_task(engine.run())
+        try:
+            await asyncio.wait_for(
+                engine.wait_until(
+                    lambda: agent.delivered == [(ok, "ok@dst.test")]
+                    and any(e["event"] == "cannot open queue file, retried later" for e in logs)
+                ),
+                20,
+            )
+            assert spool.list_ids("incoming") == [locked]
+            assert _corrupt_names(spool) == set()
+            denied["on"] = False
+            clock.advance(engine.ctx.retry_delay + 1)
+            await asyncio.wait_for(engine.wait_idle(), 20)
+        finally:
+            await stop_engine(engine, task)
     monkeypatch.undo()
-    assert agent.delivered == [(ok, "ok@dst.test")]
-    assert _corrupt_names(spool) == {locked}
-    reasons = [e["reason"] for e in logs if e["event"] == "corrupt queue file"]
-    assert len(reasons) == 1 and "Permission denied" in reasons[0]
+    assert sorted(agent.delivered) == sorted([(ok, "ok@dst.test"), (locked, "locked@dst.test")])
+    assert _corrupt_names(spool) == set()
+    [event] = [e for e in logs if e["event"] == "cannot open queue file, retried later"]
+    assert event["queue_id"] == locked and "Permission denied" in event["error"]

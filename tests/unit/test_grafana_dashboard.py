@@ -36,8 +36,13 @@ def _served_series() -> set[str]:
         ],
     }
     metrics = Metrics(
-        lambda: EngineStatus.from_json(status), lambda: {"incoming": 0, "deferred": 1}
+        lambda: EngineStatus.from_json(status),
+        lambda: {"incoming": 0, "deferred": 1},
+        queue_ages_fn=lambda: {"incoming": 0.0, "deferred": 600.0},
     )
+    metrics.intake.connected()
+    metrics.intake.session_started()
+    metrics.intake.message_accepted(2)
     for state, dsn in (("sent", "2.0.0"), ("deferred", "4.4.1"), ("bounced", "5.1.1")):
         metrics.record_delivery("smtp", state, dsn, 1.0)
     metrics.record_attempt("smtp", 0.1)

@@ -99,7 +99,6 @@ def _load(tmp_path: Path, main: str, master: str = MASTER) -> None:
         ("body_checks = regexp:/etc/postfix/body_checks", "does not inspect"),
         ("recipient_bcc_maps = hash:/etc/postfix/bcc", "never adds recipients"),
         ("remote_header_rewrite_domain = example.com", "never rewrites addresses"),
-        ("sender_dependent_relayhost_maps = hash:/x", "routes only with transport_maps"),
         ("smtp_tls_per_site = hash:/x", "would not apply"),
         ("smtp_sasl_type = dovecot", "own SASL code"),
         ("smtp_sasl_path = private/auth", "own SASL code"),

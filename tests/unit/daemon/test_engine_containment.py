@@ -211,10 +211,12 @@ async def test_a_resolver_failure_defers_only_that_message(
     engine, spool, clock = _engine(tmp_path, agent)
     real = Resolver.resolve
 
-    def resolve(self: Resolver, address: str, *, flush: bool = False) -> Resolved:
+    def resolve(
+        self: Resolver, address: str, *, flush: bool = False, sender: str | None = None
+    ) -> Resolved:
         if address.startswith("evil"):
             raise UnicodeError("unexpected address")
-        return real(self, address, flush=flush)
+        return real(self, address, flush=flush, sender=sender)
 
     monkeypatch.setattr(Resolver, "resolve", resolve)
     evil = _submit(spool, clock, "s@src.test", ["evil@a.test"])

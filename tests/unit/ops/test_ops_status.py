@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from qmgrd.ops import status as status_module
 from qmgrd.ops.status import format_status, format_uptime
 
 
@@ -68,3 +74,38 @@ def test_status_text_tolerates_missing_fields() -> None:
         "qmgrd: pid ?, up 0s",
         "in core: 0 messages, 0 recipients; 0 waiting to be loaded",
     ]
+
+
+def test_status_text_escapes_foreign_text() -> None:
+    """Destination names and remote replies with control characters reach the terminal escaped."""
+    status = {
+        "transports": [
+            {
+                "name": "smtp",
+                "dead": True,
+                "busy": 0,
+                "reason": "4.3.0 \x1b]0;owned\x07",
+                "queues": [
+                    {"name": "ex\x1bample.com", "nexthop": "x", "window": 1, "busy": 0,
+                     "todo": 1, "state": "dead", "reason": "421 \u202eevil\r\n"},
+                ],
+            }
+        ]
+    }
+    text = format_status(status)
+    assert "\x1b" not in text and "\u202e" not in text and "\r" not in text
+    assert "transport smtp: busy 0 DEAD (4.3.0 \\x1b]0;owned\\x07)" in text
+    assert "  ex\\x1bample.com      1    0    1 dead (421 \\u202eevil\\r\\n)" in text.splitlines()
+
+
+def test_status_json_is_terminal_safe_and_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status --json`` escapes DEL, C1 and bidi characters and decodes to the same reply."""
+    reply: dict[str, Any] = {"ok": True, "pid": 1, "transports": [{"name": "x\x7f\x9b\u202e"}]}
+    monkeypatch.setattr(status_module, "call", lambda path, request: dict(reply))
+    out = io.StringIO()
+    assert status_module.status_command(tmp_path, as_json=True, out=out) == 0
+    text = out.getvalue()
+    assert text.isascii() and text.endswith("\n") and text.count("\n") == 1
+    assert json.loads(text) == {"pid": 1, "transports": [{"name": "x\x7f\x9b\u202e"}]}

@@ -103,11 +103,6 @@ def test_damaged_files_are_corrupt_not_io_errors(
     assert not isinstance(info.value, QueueFileIOError)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine quarantines on any SpoolError from QueueFile.open; it must retry "
-    "QueueFileIOError instead (engine room; see the spool report)",
-)
 async def test_emfile_while_loading_does_not_quarantine_the_message(
     tmp_path: Path, spool: Spool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,11 +177,6 @@ def test_sweep_never_replaces_a_file_already_in_corrupt(spool: Spool) -> None:
     assert {p.read_text() for p in corrupt.iterdir()} == {"old"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine marks a message corrupt on any error from read_recipients; it must defer "
-    "it on QueueFileIOError instead (engine room; see the spool report)",
-)
 async def test_eio_while_reading_recipients_does_not_quarantine_the_message(
     tmp_path: Path, spool: Spool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
