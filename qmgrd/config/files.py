@@ -100,8 +100,16 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def logical_lines(text: str, path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (number of the first physical line, joined text) for each logical line."""
+def logical_lines(
+    text: str,
+    path: Path | str,
+    *,
+    leading_error: str = "logical line must not start with whitespace",
+) -> Iterator[tuple[int, str]]:
+    """Yield (number of the first physical line, joined text) for each logical line.
+
+    Postfix's rule for main.cf and table files alike: ``#`` lines and blank lines are skipped,
+    an indented line continues the previous one (``leading_error`` when there is none)."""
     start = 0
     parts: list[str] = []
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -111,7 +119,7 @@ def logical_lines(text: str, path: Path) -> Iterator[tuple[int, str]]:
         if raw[0].isspace():
             if not parts:
                 raise ConfigError(
-                    f"{path}, line {number}: logical line must not start with whitespace"
+                    f"{path}, line {number}: {leading_error}"
                 )
             parts.append(stripped)
             continue

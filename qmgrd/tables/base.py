@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+from qmgrd.config.files import logical_lines
 from qmgrd.errors import ConfigError
 
 
@@ -57,24 +58,9 @@ def table_lines(text: str, where: str) -> Iterator[tuple[int, str]]:
 
     ``where`` names the file for the error about a leading continuation line.
     """
-    start = 0
-    parts: list[str] = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if raw[0].isspace():
-            if not parts:
-                raise ConfigError(
-                    f"{where}, line {number}: continuation line without a preceding entry"
-                )
-            parts.append(stripped)
-            continue
-        if parts:
-            yield start, " ".join(parts)
-        start, parts = number, [stripped]
-    if parts:
-        yield start, " ".join(parts)
+    return logical_lines(
+        text, where, leading_error="continuation line without a preceding entry"
+    )
 
 
 def read_table_file(path: Path) -> str:
