@@ -786,6 +786,15 @@ _TABLE: tuple[Param, ...] = (
         check=Check.HOSTPORT,
         qmgrd_only=True,
     ),
+    # --- listener worker processes (qmgrd.daemon.workers, docs/processes.md) ---
+    Param(
+        "smtpd_worker_processes",
+        _S,
+        "auto",
+        "SMTP listener processes sharing the listening sockets (auto = one per CPU core; "
+        "0 or 1 = the listener runs in the queue manager's process); changes need a restart",
+        qmgrd_only=True,
+    ),
     # --- lookup tables (qmgrd.tables) ---
     Param(
         "parent_domain_matches_subdomains",

@@ -40,6 +40,7 @@ from qmgrd.log import syslog_name_problem
 NOT_RELOADABLE = (
     "queue_directory",
     "smtpd_listen",
+    "smtpd_worker_processes",
     "metrics_listen",
     "maillog_file",
     "log_format",

@@ -22,6 +22,15 @@ the order mail safety needs, ``stop`` takes them down in reverse:
    race a live commit): the metrics endpoints, then the listener, whose
    commits wake the engine. Only then is mail accepted.
 
+Listener processes (``workers`` > 1, ``qmgrd run`` passes
+``smtpd_worker_processes``; docs/processes.md): in step 3 the daemon binds
+the listening sockets and starts a ``WorkerPool`` whose processes serve them
+(listener, cleanup and spool commits each on its own loop); their commit
+notices reach the same ``_committed`` as the in-process listener's, a dead
+worker's missed notice is covered by an ``incoming/`` scan. This process
+keeps the engine, the control socket, metrics and pickup. With ``workers``
+0 or 1 (the default here: tests), the listener runs on this loop.
+
 An engine that fails during start-up makes ``start`` raise (everything started
 is closed again); one that fails later makes ``wait`` raise.
 """
@@ -30,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,6 +58,7 @@ from qmgrd.daemon.metrics import (
     spool_queue_counts,
     start_metrics_server,
 )
+from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.daemon.pickup import Pickup
 from qmgrd.daemon.settings import (
     delivery_services,
@@ -56,11 +67,15 @@ from qmgrd.daemon.settings import (
     scheduler_params,
     transport_params_fn,
 )
+from qmgrd.daemon.workers import WorkerPool
 from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
-from qmgrd.listener import ListenerHandle, start_listener
+from qmgrd.listener import ListenerHandle
+from qmgrd.listener.group import ListenerGroup
+from qmgrd.listener.observer import Committed
+from qmgrd.listener.server import bind_listener
 from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger
 from qmgrd.spool import QueueIdGenerator, Spool
@@ -152,13 +167,20 @@ class Daemon:
         clock: Clock | None = None,
         fsync: bool = True,
         agents: dict[str, Agent] | None = None,
+        workers: int = 0,
     ) -> None:
-        """Build (not start) every part; ``agents`` replaces master.cf's agents (tests)."""
+        """Build (not start) every part; ``agents`` replaces master.cf's agents (tests).
+
+        ``workers`` > 1: that many listener processes (module doc).
+        """
         self.cfg = cfg
+        self.workers = workers if workers > 1 else 0
         self.spool = Spool(
             cfg.get_path("queue_directory"),
             fsync=fsync,
-            ids=QueueIdGenerator(long_ids=cfg.get_bool("enable_long_queue_ids")),
+            ids=QueueIdGenerator(  # slot 0 of the ids shared with the listener workers
+                long_ids=cfg.get_bool("enable_long_queue_ids"), slots=self.workers + 1
+            ),
         )
         self.clock: Clock = clock or SystemClock()
         self.metrics = Metrics(
@@ -179,8 +201,8 @@ class Daemon:
         )
         self._pickup_stop = asyncio.Event()
         self.control: ControlServer | None = None
-        self.listener: ListenerHandle | None = None  # smtpd_listen
-        self.services: dict[str, ListenerHandle] = {}  # master.cf inet listeners by name
+        self.listeners: ListenerGroup | None = None  # in-process listeners
+        self.pool: WorkerPool | None = None  # listener processes
         self._task: asyncio.Task[None] | None = None
         self._stack = contextlib.AsyncExitStack()
 
@@ -220,23 +242,51 @@ class Daemon:
             await self._stack.aclose()
             raise
 
+    # -- listeners: in this process, or in worker processes (qmgrd.daemon.workers) ---------
+
+    @property
+    def listener(self) -> ListenerHandle | None:
+        """The in-process smtpd_listen listener (None with workers or before start)."""
+        return None if self.listeners is None else self.listeners.main
+
+    @property
+    def services(self) -> dict[str, ListenerHandle]:
+        """The in-process master.cf inet listeners by name."""
+        return {} if self.listeners is None else self.listeners.services
+
+    def _committed(self, c: Committed) -> None:
+        """A listener (in process or a worker) committed ``c`` to incoming/."""
+        self.engine.notify_incoming(c.queue_id)
+
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
-        main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
-        self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
-        )
-        self._stack.push_async_callback(self._close_listener)
-        for settings in others:
-            handle = await start_listener(
-                settings,
-                self.spool,
-                on_commit=self.engine.notify_incoming,
-                committer=self.listener.committer,
-                passwords=self.listener.ctx.passwords,
-                observer=self.metrics.intake,
+        settings = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
+        if not self.workers:
+            self.listeners = await ListenerGroup.start(
+                settings, self.spool, on_commit=self._committed, observer=self.metrics.intake
             )
-            self.services[settings.service] = handle
+            self._stack.push_async_callback(self._close_listener)
+            return
+        sockets: dict[str, list[socket.socket]] = {}
+        try:
+            for item in settings:
+                sockets[item.service] = bind_listener(item)
+        except BaseException:
+            for socks in sockets.values():
+                for sock in socks:
+                    sock.close()
+            raise
+        intake = self.metrics.intake
+        self.pool = WorkerPool(
+            self.cfg.config_dir,
+            self.workers,
+            sockets,
+            on_commit=self._committed,
+            on_lost=self.engine.request_incoming_scan,
+            intake=intake if isinstance(intake, IntakeMetrics) else None,
+        )
+        await self.pool.start()  # stops what it started if it fails
+        self._stack.push_async_callback(self.pool.stop)
 
     async def _started(self) -> None:
         """Wait for the engine's startup recovery (or its failure, which is then raised)."""
@@ -266,11 +316,17 @@ class Daemon:
         sessions then use the new settings (a renewed certificate). A changed
         set of listen addresses or inet services needs a restart (logged).
         """
+        accepted = self._reload()
+        if self.pool is not None:
+            self.pool.hup(accepted)  # workers re-read the configuration only if accepted
+        return accepted
+
+    def _reload(self) -> bool:
         listeners = None
         try:
             loaded = load_config(self.cfg.config_dir)
             cleanup = CleanupSettings.from_config(loaded)  # tables and header_checks actions
-            if self.listener is not None:
+            if self.listeners is not None or self.pool is not None:
                 listeners = listener_settings(loaded, cleanup=cleanup)
         except (ConfigError, ValueError) as exc:
             get_logger("master").error(f"reload refused, keeping the running configuration: {exc}")
@@ -281,18 +337,8 @@ class Daemon:
         self.cfg = new_cfg
         self.cleanup = cleanup
         self.pickup.settings = cleanup
-        if self.listener is not None and listeners is not None:
-            main, *others = listeners
-            self.listener.update(main)
-            names = {s.service for s in others}
-            if names != set(self.services):
-                get_logger("master").warning(
-                    "master.cf inet services changed; restart qmgrd to start or stop listeners"
-                )
-            for settings in others:
-                handle = self.services.get(settings.service)
-                if handle is not None:
-                    handle.update(settings)
+        if self.listeners is not None and listeners is not None:
+            self.listeners.update(listeners)
         return True
 
     async def stop(self) -> None:
@@ -314,14 +360,9 @@ class Daemon:
             await self._task
 
     async def _close_listener(self) -> None:
-        for name, handle in list(self.services.items()):
-            handle.close()
-            await handle.wait_closed()
-            del self.services[name]
-        if self.listener is not None:
-            self.listener.close()
-            await self.listener.wait_closed()
-            self.listener = None
+        if self.listeners is not None:
+            await self.listeners.aclose()
+            self.listeners = None
 
 
 async def _close_control(control: ControlServer) -> None:

@@ -14,15 +14,15 @@ import asyncio
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.assemble import Daemon
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.daemon.sdnotify import Notifier
-from qmgrd.errors import ConfigError
+from qmgrd.daemon.workers import worker_count
 from qmgrd.listener import ListenerHandle
-from qmgrd.log import configure_logging, get_logger, reopen_logs
+from qmgrd.log import get_logger, reopen_logs
 from qmgrd.spool.lock import lock_spool
 
 VERSION = "0.1.0"
@@ -45,7 +45,7 @@ async def serve(
     """
     log = get_logger("master")
     notifier = notifier or Notifier(None)
-    daemon = Daemon(cfg)
+    daemon = Daemon(cfg, workers=worker_count(cfg))
     await daemon.start()
     try:
         log.info(
@@ -82,15 +82,6 @@ async def _reload_on_hup(daemon: Daemon, hup: asyncio.Event, notifier: Notifier)
         notifier.ready(status="accepting mail")
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return None
-    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
-    return factory
-
-
 async def _main(cfg: Config) -> None:
     stop = asyncio.Event()
     hup = asyncio.Event()
@@ -104,22 +95,14 @@ async def _main(cfg: Config) -> None:
 def run_command(config_dir: Path) -> int:
     """Entry point of ``qmgrd run``: returns 0 after a clean stop."""
     cfg = load_config(config_dir)
-    log_format: Any = cfg.get_str("log_format")
-    if log_format not in ("postfix", "json"):
-        raise ConfigError(f"log_format: unknown format {log_format!r}")
-    output = configure_logging(
-        log_format,
-        maillog_file=cfg.get_optional_path("maillog_file"),
-        hostname=cfg.get_str("myhostname").split(".")[0],
-        program=cfg.get_str("syslog_name"),
-    )
+    output = open_log_output(cfg)
     try:
         log = get_logger("master")
         for warning in cfg.warnings:
             log.warning(warning)
         # The spool lock comes before any spool change; a second daemon stops here.
         with lock_spool(cfg.get_path("queue_directory")), asyncio.Runner(
-            loop_factory=_loop_factory()
+            loop_factory=loop_factory()
         ) as runner:
             runner.run(_main(cfg))
     finally:

@@ -18,12 +18,13 @@ from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.auth import decode_plain
 from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
+from qmgrd.listener.observer import Committed
 from qmgrd.listener.protocol import AuthLine, Closed
 from qmgrd.spool.records import RecipientSpec
 from qmgrd.spool.writer import EnvelopeHead
 
 if TYPE_CHECKING:
-    from qmgrd.listener.session import Session
+    from qmgrd.listener.session import Session, Transaction
 
 _AUTH_FAILURE_LIMIT = 3  # failed AUTH attempts before the session is closed
 
@@ -242,12 +243,16 @@ async def data(s: Session, arg: str) -> None:
             await asyncio.to_thread(spool.move, queue_id, "incoming", "hold")
         except (SpoolError, OSError) as exc:
             s.log.warning("cannot move to hold/", queue_id=queue_id, reason=str(exc))
-            s.ctx.on_commit(queue_id)
+            s.ctx.on_commit(_committed(s, txn, queue_id))
     else:
-        s.ctx.on_commit(queue_id)
+        s.ctx.on_commit(_committed(s, txn, queue_id))
     s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered
     s.reply(f"250 2.0.0 Ok: queued as {queue_id}")
+
+
+def _committed(s: Session, txn: Transaction, queue_id: str) -> Committed:
+    return Committed(queue_id, txn.sender, s.client_addr, s.sasl_user, txn.file.rcpt_count)
 
 
 async def rset(s: Session, arg: str) -> None:

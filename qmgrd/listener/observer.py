@@ -9,9 +9,26 @@ the daemon (imports point cli -> daemon -> listener).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["NULL_INTAKE", "IntakeObserver"]
+__all__ = ["NULL_INTAKE", "Committed", "IntakeObserver"]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """A message the listener committed to ``incoming/`` (``ListenerContext.on_commit``'s argument).
+
+    Besides the queue id it carries what the queue manager may want to know of
+    a new file without reading it: the envelope sender, the client's address
+    and the SASL user (None without AUTH), and the recipient count.
+    """
+
+    queue_id: str
+    sender: str
+    client_addr: str
+    sasl_user: str | None
+    recipients: int
 
 
 class IntakeObserver(Protocol):

@@ -1,7 +1,7 @@
 """Accepting SMTP connections on the daemon's loop: session caps, fd exhaustion, shutdown.
 
 The listener accepts on its own non-blocking listening sockets (a reader
-callback on the loop, up to ``_ACCEPT_BATCH`` connections per wake-up) so
+callback on the loop, up to ``ACCEPT_BATCH`` connections per wake-up) so
 that admission is decided before a session exists:
 
 - more than ``smtpd_session_limit`` live sessions: the new client gets
@@ -40,13 +40,13 @@ import resource
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.limits import ClientCounters
-from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
+from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
@@ -56,7 +56,7 @@ from qmgrd.spool import GroupCommitter, Spool
 # once; the kernel then drops handshakes and clients stall for seconds in SYN retries
 # (500 simultaneous clients: 40% still waiting after 20 s). Linux caps it at somaxconn.
 _BACKLOG = 1024
-_ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
+ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -68,6 +68,7 @@ class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
     __slots__ = (
+        "_accept_batch",
         "_fd_cap",
         "_loop",
         "_sockets",
@@ -93,6 +94,7 @@ class ListenerHandle:
         self.sessions: set[Session] = set()
         self.settings = settings
         self.owns_shared = True  # wait_closed closes the committer and password pool
+        self._accept_batch = ACCEPT_BATCH
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._check_cap(settings)
 
@@ -135,7 +137,7 @@ class ListenerHandle:
         self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _on_readable(self, sock: socket.socket) -> None:
-        for _ in range(_ACCEPT_BATCH):
+        for _ in range(self._accept_batch):
             try:
                 conn, peer = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -298,21 +300,47 @@ def _bind(host: str, port: int) -> list[socket.socket]:
     return out
 
 
+def bind_listener(settings: ListenerSettings) -> list[socket.socket]:
+    """Listening sockets for every ``settings.listen`` address (to serve here or hand over).
+
+    A bind failure is an operator error: ConfigError naming smtpd_listen (or
+    the master.cf service).
+    """
+    out: list[socket.socket] = []
+    for host, port in settings.listen:
+        try:
+            out += _bind(host, port)
+        except OSError as exc:
+            for sock in out:
+                sock.close()
+            what = "smtpd_listen" if settings.service == "smtp" else f"service {settings.service}"
+            raise ConfigError(
+                f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+    return out
+
+
 async def start_listener(
     settings: ListenerSettings,
     spool: Spool,
     *,
-    on_commit: Callable[[str], None],
+    on_commit: Callable[[Committed], None],
     clock: Callable[[], float] = time.time,
     committer: GroupCommitter | None = None,
     passwords: PasswordChecker | None = None,
     observer: IntakeObserver = NULL_INTAKE,
+    sockets: Sequence[socket.socket] | None = None,
+    accept_batch: int = ACCEPT_BATCH,
 ) -> ListenerHandle:
-    """Bind every ``settings.listen`` address on the running loop and serve SMTP.
+    """Serve SMTP on the running loop: on ``sockets`` if given, else on ``settings.listen``.
 
-    ``on_commit(queue_id)`` runs after each durable commit (the engine's wake-up).
-    A bind failure is an operator error: ConfigError naming smtpd_listen (or
-    the master.cf service). A ``committer`` or ``passwords`` passed in is
+    ``on_commit`` runs after each durable commit (the engine's wake-up).
+    ``sockets`` are listening sockets bound elsewhere (``bind_listener`` in
+    the daemon's main process, inherited by a listener worker process); the
+    handle closes them with the listener. ``accept_batch`` bounds the
+    connections taken per wake-up (worker processes sharing a socket take
+    few, so that an idle one gets its share). A bind failure is ConfigError
+    (``bind_listener``). A ``committer`` or ``passwords`` passed in is
     shared with other listeners: the caller closes it, not ``wait_closed``.
     """
     loop = asyncio.get_running_loop()
@@ -326,19 +354,17 @@ async def start_listener(
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None
-    for host, port in settings.listen:
+    handle._accept_batch = max(1, accept_batch)
+    if sockets is None:
         try:
-            socks = _bind(host, port)
-        except OSError as exc:
-            handle.close()
+            sockets = bind_listener(settings)
+        except ConfigError:
             if passwords is None:
                 ctx.passwords.close()
-            what = "smtpd_listen" if settings.service == "smtp" else f"service {settings.service}"
-            raise ConfigError(
-                f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}"
-            ) from exc
-        for sock in socks:
-            handle._listen(sock)
+            raise
+    for sock in sockets:
+        sock.setblocking(False)
+        handle._listen(sock)
     get_logger("smtpd").info(
         "listening",
         service=settings.service,

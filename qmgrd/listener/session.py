@@ -56,7 +56,7 @@ from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.limits import ClientCounters
-from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
+from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.protocol import (
     Closed,
     Command,
@@ -86,7 +86,7 @@ class ListenerContext:
     """What every session shares; passed in, nothing global."""
 
     committer: GroupCommitter
-    on_commit: Callable[[str], None]
+    on_commit: Callable[[Committed], None]  # after each durable commit to incoming/
     clock: Callable[[], float]
     counters: ClientCounters
     passwords: PasswordChecker

@@ -209,10 +209,13 @@ class QueueIdGenerator:
 
     ``long_ids`` is ``enable_long_queue_ids``; ``clock_ns`` is injectable so
     tests can freeze or rewind time; ``salt`` (long ids only) defaults to 20
-    random bits.
+    random bits. ``slot`` of ``slots``: when several processes write one
+    spool (the daemon and its listener workers), each has its own slot and
+    draws only microseconds congruent to it modulo ``slots``, so no two
+    processes can ever draw the same id.
     """
 
-    __slots__ = ("_clock_ns", "_last_us", "_lock", "_long", "_salt")
+    __slots__ = ("_clock_ns", "_last_us", "_lock", "_long", "_salt", "_slot", "_slots")
 
     def __init__(
         self,
@@ -220,7 +223,13 @@ class QueueIdGenerator:
         salt: int | None = None,
         *,
         long_ids: bool = False,
+        slot: int = 0,
+        slots: int = 1,
     ) -> None:
+        if not 0 <= slot < slots:
+            raise ValueError(f"queue id slot {slot} is not one of {slots}")
+        self._slot = slot
+        self._slots = slots
         if salt is not None and not 0 <= salt < 1 << _SALT_BITS:
             raise ValueError(f"salt {salt} is not a {_SALT_BITS}-bit number")
         self._clock_ns = clock_ns
@@ -240,6 +249,7 @@ class QueueIdGenerator:
             now_us = self._clock_ns() // 1000
             if now_us <= self._last_us:
                 now_us = self._last_us + 1
+            now_us += (self._slot - now_us) % self._slots
             self._last_us = now_us
         second, usec = divmod(now_us, _US)
         if self._long:

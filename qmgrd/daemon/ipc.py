@@ -1,0 +1,169 @@
+"""The notify channel between the queue manager and its listener workers: messages and counts.
+
+Contract
+--------
+One ``socketpair`` per worker, newline-framed JSON arrays (one short line
+per message; addresses never hold a newline, the listener refuses control
+characters). Worker to queue manager:
+
+=============================================  ===============================================
+``["ready"]``                                  the worker listens (sd_notify waits for every one)
+``["c", id, sender, addr, sasl|null, n]``      a durable commit to ``incoming/``: queue id,
+                                               envelope sender, client address, SASL user,
+                                               recipient count (``Committed``)
+``["s", {name: n}, sessions]``                 intake counts since the last ``s`` (below) and
+                                               the sessions in progress now
+=============================================  ===============================================
+
+Queue manager to worker: ``["hup", accepted]`` (SIGHUP: reopen the log file;
+with ``accepted`` true also re-read the configuration, which the queue
+manager has already checked and applied).
+
+Intake metrics cross the channel as counts, not events: a worker's
+:class:`CountingIntake` (the listener's ``IntakeObserver``) adds up its
+events and sends the deltas at most every ``FLUSH_DELAY`` seconds (and at
+stop); the queue manager adds them to its Prometheus series with
+:func:`apply_counts`. Count names: ``connections``, ``messages``,
+``recipients``, ``reject:<reason>``, ``auth:<mechanism>``.
+
+``parse(line)`` returns the decoded array or raises ``ValueError`` for a
+line that is not one (a bug in the worker: the queue manager logs it and
+drops the line). Nothing here blocks; writes go to the stream's buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from qmgrd.daemon.metrics_intake import AUTH_MECHANISMS, REJECT_REASONS, IntakeMetrics
+from qmgrd.daemon.metrics_intake import reject_reason as _reject_reason
+from qmgrd.listener.observer import Committed
+
+__all__ = [
+    "FLUSH_DELAY",
+    "CountingIntake",
+    "apply_counts",
+    "commit_from",
+    "encode",
+    "encode_commit",
+    "parse",
+]
+
+FLUSH_DELAY = 0.05  # seconds a worker's intake counts may wait before they are sent
+
+
+def encode(*fields: Any) -> bytes:
+    """One message: a JSON array on one line."""
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+
+
+def encode_commit(c: Committed) -> bytes:
+    """The ``c`` message of a commit."""
+    return encode("c", c.queue_id, c.sender, c.client_addr, c.sasl_user, c.recipients)
+
+
+def parse(line: bytes) -> list[Any]:
+    """A message's fields (``ValueError`` for a line that is not a non-empty JSON array)."""
+    value = json.loads(line)
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        raise ValueError(f"not a notify message: {line[:80]!r}")
+    return value
+
+
+def commit_from(fields: list[Any]) -> Committed:
+    """The ``Committed`` a ``c`` message carries (``ValueError`` if malformed)."""
+    if len(fields) != 6:
+        raise ValueError(f"bad commit message: {fields!r}")
+    _, queue_id, sender, addr, sasl, count = fields
+    if not (isinstance(queue_id, str) and isinstance(sender, str) and isinstance(addr, str)):
+        raise ValueError(f"bad commit message: {fields!r}")
+    if not (sasl is None or isinstance(sasl, str)) or not isinstance(count, int):
+        raise ValueError(f"bad commit message: {fields!r}")
+    return Committed(queue_id, sender, addr, sasl, count)
+
+
+class CountingIntake:
+    """A worker's ``IntakeObserver``: counts events and sends them as ``s`` messages."""
+
+    __slots__ = ("_counts", "_handle", "_send", "sessions")
+
+    def __init__(self, send: Callable[[bytes], None]) -> None:
+        """``send`` writes one encoded message to the channel."""
+        self._send = send
+        self._counts: Counter[str] = Counter()
+        self._handle: asyncio.TimerHandle | None = None
+        self.sessions = 0
+
+    def _add(self, name: str, n: int = 1) -> None:
+        self._counts[name] += n
+        self._dirty()
+
+    def _dirty(self) -> None:
+        if self._handle is None:
+            self._handle = asyncio.get_running_loop().call_later(FLUSH_DELAY, self.flush)
+
+    def flush(self) -> None:
+        """Send what was counted since the last flush (and the sessions in progress)."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        counts, self._counts = self._counts, Counter()
+        self._send(encode("s", dict(counts), self.sessions))
+
+    def connected(self) -> None:
+        """A connection was accepted."""
+        self._add("connections")
+
+    def rejected(self, reason: str) -> None:
+        """A connection was refused before its session."""
+        self._add("reject:" + reason)
+
+    def session_started(self) -> None:
+        """A session began."""
+        self.sessions += 1
+        self._dirty()
+
+    def session_ended(self) -> None:
+        """A session ended."""
+        self.sessions -= 1
+        self._dirty()
+
+    def replied(self, text: str) -> None:
+        """Count the reply line if it refuses something."""
+        if text[:1] in ("4", "5"):
+            reason = _reject_reason(text)
+            if reason is not None:
+                self._add("reject:" + reason)
+
+    def message_accepted(self, recipients: int) -> None:
+        """A message was queued."""
+        self._counts["messages"] += 1
+        self._add("recipients", max(0, recipients))
+
+    def auth_failed(self, mechanism: str) -> None:
+        """An AUTH exchange failed."""
+        self._add("auth:" + mechanism.upper())
+
+
+def apply_counts(intake: IntakeMetrics, counts: object) -> None:
+    """Add a worker's ``s`` counts to the queue manager's intake series (unknown names: other)."""
+    if not isinstance(counts, dict):
+        raise ValueError(f"bad intake counts: {counts!r}")
+    for name, n in counts.items():
+        if not isinstance(name, str) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"bad intake count: {name!r}={n!r}")
+        kind, _, label = name.partition(":")
+        if kind == "connections":
+            intake.connections.inc(n)
+        elif kind == "messages":
+            intake.messages.inc(n)
+        elif kind == "recipients":
+            intake.recipients.inc(n)
+        elif kind == "reject":
+            intake.rejects.labels(label if label in REJECT_REASONS else "other").inc(n)
+        elif kind == "auth":
+            intake.auth_failures.labels(label if label in AUTH_MECHANISMS else "other").inc(n)

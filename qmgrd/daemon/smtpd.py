@@ -1,0 +1,199 @@
+"""A listener worker process: SMTP intake, cleanup and spool commits on a loop of its own.
+
+Started by the queue manager (``qmgrd.daemon.workers``) as ``python -m
+qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
+--listen SERVICE=FD[,FD...]...``; never by hand. It:
+
+- dies with its parent: ``PR_SET_PDEATHSIG`` (SIGKILL) on Linux, and a
+  parent that is already gone (``getppid`` differs) ends it at once, so a
+  SIGKILLed daemon leaves no worker accepting mail behind it; the channel's
+  end of stream also stops it (gracefully);
+- reads the configuration itself and opens its own log output (its lines
+  are ``qmgrd/smtpd[PID]``);
+- serves the listening sockets it inherited (``--listen``: the fds the
+  parent bound, per master.cf service) with the same ``ListenerGroup`` the
+  in-process mode runs, so every listener hook (limits, cleanup, TLS, AUTH)
+  behaves the same; queue ids come from its own ``slot`` of ``slots``
+  (``QueueIdGenerator``), so processes never draw the same id;
+- reports each durable commit and its intake counts over the channel
+  (``qmgrd.daemon.ipc``) and says ``ready`` once it listens;
+- on ``hup`` reopens its log file and, when the queue manager accepted the
+  reload, re-reads the configuration (a failure keeps the running settings,
+  logged); on SIGTERM or end of channel it stops accepting, disconnects its
+  clients and waits for queued commits (``ListenerHandle.wait_closed``'s
+  bound), then exits 0. SIGINT and SIGHUP are ignored: the queue manager
+  forwards what concerns the workers.
+
+A configuration or start-up error is logged and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from qmgrd.cleanup import CleanupSettings
+from qmgrd.config import Config, load_config
+from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
+from qmgrd.daemon.process import loop_factory, open_log_output
+from qmgrd.errors import ConfigError, QmgrdError
+from qmgrd.listener.group import ListenerGroup
+from qmgrd.listener.observer import Committed
+from qmgrd.listener.services import listener_settings
+from qmgrd.log import get_logger, reopen_logs
+from qmgrd.spool import QueueIdGenerator, Spool
+
+_PR_SET_PDEATHSIG = 1
+WORKER_ACCEPT_BATCH = 4  # connections per wake-up: workers share each listening socket
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (Linux); exit now if it is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _arguments(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="qmgrd-smtpd")
+    parser.add_argument("-c", dest="config_dir", type=Path, required=True)
+    parser.add_argument("--channel", type=int, required=True)
+    parser.add_argument("--slot", type=int, required=True)
+    parser.add_argument("--slots", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--listen", action="append", default=[])
+    return parser.parse_args(argv)
+
+
+def _sockets(specs: Sequence[str]) -> dict[str, list[socket.socket]]:
+    """``SERVICE=FD,FD`` arguments as inherited listening sockets by service."""
+    out: dict[str, list[socket.socket]] = {}
+    for spec in specs:
+        service, _, fds = spec.partition("=")
+        out[service] = [socket.socket(fileno=int(fd)) for fd in fds.split(",") if fd]
+    return out
+
+
+class Worker:
+    """One worker's running state (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace, cfg: Config) -> None:
+        self.args = args
+        self.cfg = cfg
+        self.spool = Spool(
+            self.cfg.get_path("queue_directory"),
+            ids=QueueIdGenerator(
+                long_ids=self.cfg.get_bool("enable_long_queue_ids"),
+                slot=args.slot,
+                slots=args.slots,
+            ),
+        )
+        self.log = get_logger("smtpd")
+        self.stop = asyncio.Event()
+        self.writer: asyncio.StreamWriter | None = None
+        self.intake = CountingIntake(self.send)
+        self.group: ListenerGroup | None = None
+
+    def send(self, data: bytes) -> None:
+        """Queue one message to the queue manager (dropped once the channel is closed)."""
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(data)
+
+    def committed(self, c: Committed) -> None:
+        self.send(encode_commit(c))
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(signum, lambda: None)
+        reader, self.writer = await asyncio.open_unix_connection(
+            sock=socket.socket(fileno=self.args.channel)
+        )
+        cleanup = CleanupSettings.from_config(self.cfg)
+        self.group = await ListenerGroup.start(
+            listener_settings(self.cfg, cleanup=cleanup),
+            self.spool,
+            on_commit=self.committed,
+            observer=self.intake,
+            sockets=_sockets(self.args.listen),
+            accept_batch=WORKER_ACCEPT_BATCH,
+        )
+        self.send(encode("ready"))
+        commands = loop.create_task(self._commands(reader))
+        try:
+            await self.stop.wait()
+        finally:
+            commands.cancel()
+            await self.group.aclose()
+            self.intake.flush()
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+            self.writer.close()
+
+    async def _commands(self, reader: asyncio.StreamReader) -> None:
+        """The queue manager's messages; its end of stream stops the worker."""
+        try:
+            while line := await reader.readline():
+                try:
+                    fields = parse(line)
+                except ValueError as exc:
+                    self.log.error("bad message from the queue manager", error=str(exc))
+                    continue
+                if fields[0] == "hup":
+                    reopen_logs()
+                    if len(fields) > 1 and fields[1] is True:
+                        self.reload()
+        except ConnectionError:
+            pass
+        self.stop.set()
+
+    def reload(self) -> None:
+        """Apply the configuration files again; a failure keeps the running settings."""
+        try:
+            cfg = load_config(self.args.config_dir)
+            settings = listener_settings(cfg, cleanup=CleanupSettings.from_config(cfg))
+        except (ConfigError, ValueError) as exc:
+            self.log.error(f"reload refused, keeping the running configuration: {exc}")
+            return
+        self.cfg = cfg
+        if self.group is not None:
+            self.group.update(settings)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The worker process (module doc); its exit status."""
+    args = _arguments(sys.argv[1:] if argv is None else argv)
+    _die_with_parent(args.parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop's handlers take over
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        cfg = load_config(args.config_dir)
+        output = open_log_output(cfg)
+    except QmgrdError as exc:
+        print(f"qmgrd/smtpd: fatal: {exc}", file=sys.stderr)
+        return 1
+    try:
+        worker = Worker(args, cfg)
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(worker.run())
+    except QmgrdError as exc:
+        get_logger("smtpd").error(f"fatal: {exc}")
+        return 1
+    finally:
+        output.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
