@@ -106,7 +106,8 @@ class Harness:
             "minimal_backoff_time = 1s\n"
             "maximal_backoff_time = 2s\n"
             "queue_run_delay = 1s\n"
-            "shutdown_timeout = 5s\n",
+            "shutdown_timeout = 5s\n"
+            "smtpd_worker_processes = 2\n",  # SIGKILL of the queue manager kills its workers
             listen=f"127.0.0.1:{self.port}",
         )
         self.runs: list[Run] = []

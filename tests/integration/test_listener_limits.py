@@ -72,7 +72,11 @@ async def listening(
     spool.ensure_dirs()
     commits: list[str] = []
     handle = await start_listener(
-        settings, spool, on_commit=lambda c: commits.append(c.queue_id), clock=clock or Clock(), passwords=passwords
+        settings,
+        spool,
+        on_commit=lambda c: commits.append(c.queue_id),
+        clock=clock or Clock(),
+        passwords=passwords,
     )
     try:
         yield Server(handle, spool, commits)

@@ -41,7 +41,9 @@ async def test_a_session_is_counted_by_outcome(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool", fsync=False)
     spool.ensure_dirs()
     commits: list[str] = []
-    handle = await start_listener(settings, spool, on_commit=lambda c: commits.append(c.queue_id), observer=intake)
+    handle = await start_listener(
+        settings, spool, on_commit=lambda c: commits.append(c.queue_id), observer=intake
+    )
     srv = Listening(handle, spool, commits)
     try:
         chat = await srv.chat()

@@ -147,7 +147,9 @@ async def start_listening(
     spool = Spool(root / "spool", fsync=fsync)
     spool.ensure_dirs()
     commits: list[str] = []
-    handle = await start_listener(settings, spool, on_commit=lambda c: commits.append(c.queue_id), clock=clock)
+    handle = await start_listener(
+        settings, spool, on_commit=lambda c: commits.append(c.queue_id), clock=clock
+    )
     return Listening(handle, spool, commits)
 
 

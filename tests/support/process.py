@@ -172,6 +172,15 @@ class DaemonProcess:
         """Return when the daemon told its supervisor ``READY=1``."""
         self.wait_notify("READY=1", timeout)
 
+    def children(self) -> list[int]:
+        """The daemon's child processes now (its listener workers), from /proc (Linux)."""
+        pid = self.proc.pid
+        try:
+            text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+        except FileNotFoundError:
+            return []
+        return sorted(int(word) for word in text.split())
+
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` to the daemon."""
         self.proc.send_signal(signum)

@@ -209,3 +209,25 @@ def test_the_fast_sort_key_agrees_with_queue_id_time(time_ns: int, salt: int) ->
     ):
         assert key(qid) == (round(queue_id_time(qid, now=now) * 1e6), qid)
         assert key(qid)[0] == time_ns // 1000
+
+
+@given(st.integers(min_value=10**15, max_value=2 * 10**18), st.integers(min_value=1, max_value=8))
+def test_slots_never_draw_the_same_id_across_processes(time_ns: int, slots: int) -> None:
+    """Generators of different slots (the daemon and its listener workers), reading the same
+    frozen clock, never produce the same short or long id, and each stays in order."""
+    for long_ids in (False, True):
+        seen: set[str] = set()
+        for slot in range(slots):
+            gen = QueueIdGenerator(
+                lambda: time_ns, salt=0, long_ids=long_ids, slot=slot, slots=slots
+            )
+            ids = [gen.next() for _ in range(5)]
+            assert sort_queue_ids(ids, now=time_ns / 1e9) == ids
+            assert not seen & set(ids)
+            seen |= set(ids)
+
+
+def test_a_slot_outside_its_range_is_refused() -> None:
+    """slot must be one of slots."""
+    with pytest.raises(ValueError, match="slot 2"):
+        QueueIdGenerator(slot=2, slots=2)

@@ -1,0 +1,254 @@
+"""Listener worker processes (``smtpd_worker_processes``): ``qmgrd run`` as a subprocess.
+
+Which worker serves a connection is the kernel's choice (they share the
+listening socket), so the tests that need a given worker stop the others
+with SIGSTOP: a stopped process cannot accept, the running one takes every
+connection. Each worker logs to ``maillog_file`` with its own pid
+(``qmgrd/smtpd[PID]``), which tells who accepted what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiosmtplib
+import pytest
+
+from qmgrd.spool import QueueIdGenerator, Spool
+from qmgrd.spool.records import Envelope, RecipientSpec
+from tests.integration.sinks import SinkServer, smtp_sink
+from tests.support.config import free_port, write_config
+from tests.support.process import DaemonProcess
+from tests.support.waits import wait_until
+
+TIMEOUT = 30.0
+
+
+def _message(tag: str) -> bytes:
+    return f"Message-ID: <{tag}@test>\r\nSubject: {tag}\r\n\r\nbody {tag}\r\n".encode()
+
+
+def _ids(sink: SinkServer) -> list[str]:
+    out = []
+    for m in sink.messages:
+        for line in m.content.split(b"\r\n"):
+            if line.lower().startswith(b"message-id:"):
+                out.append(line.split(b"<", 1)[1].split(b"@", 1)[0].decode())
+    return out
+
+
+class Relay:
+    """A ``qmgrd run`` with workers relaying to an in-process sink."""
+
+    def __init__(self, root: Path, sink: SinkServer, workers: int, extra: str = "") -> None:
+        self.port = free_port()
+        self.maillog = root / "maillog"
+        self.root = root
+        self.conf = write_config(
+            root,
+            f"relayhost = {sink.nexthop}\n"
+            f"smtpd_worker_processes = {workers}\n"
+            f"maillog_file = {self.maillog}\n"
+            "smtpd_banner = $myhostname ESMTP first\n" + extra,
+            listen=f"127.0.0.1:{self.port}",
+        )
+        self.proc = DaemonProcess(self.conf)
+
+    def log(self) -> str:
+        return self.maillog.read_text() if self.maillog.exists() else ""
+
+    async def send(self, tag: str) -> None:
+        """One message in a session of its own (raises unless it was queued)."""
+        await aiosmtplib.send(
+            _message(tag),
+            sender="s@example.com",
+            recipients=[f"{tag}@example.org"],
+            hostname="127.0.0.1",
+            port=self.port,
+            timeout=TIMEOUT,
+        )
+
+    async def banner(self) -> str:
+        """The greeting of a new session."""
+        client = aiosmtplib.SMTP(hostname="127.0.0.1", port=self.port, timeout=TIMEOUT)
+        greeting = await client.connect()
+        await client.quit()
+        return greeting.message
+
+
+@contextlib.contextmanager
+def _stopped(pids: list[int]) -> Iterator[None]:
+    """SIGSTOP ``pids`` for the block (they cannot accept), SIGCONT after."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.asynccontextmanager
+async def _relay(tmp_path: Path, workers: int, extra: str = "") -> AsyncIterator[
+    tuple[Relay, SinkServer]
+]:
+    async with smtp_sink() as sink:
+        relay = Relay(tmp_path, sink, workers, extra)
+        try:
+            relay.proc.start()
+            await asyncio.to_thread(relay.proc.wait_ready, TIMEOUT)
+            yield relay, sink
+        finally:
+            await asyncio.to_thread(relay.proc.close)
+
+
+async def test_mail_accepted_by_each_worker_is_delivered_exactly_once(tmp_path: Path) -> None:
+    """Two workers; each in turn takes every connection while the other is stopped: all
+    messages are delivered once, each worker logged its sessions under its own pid, and
+    SIGTERM stops the workers and then the queue manager (exit 0, no process left)."""
+    async with _relay(tmp_path, 2) as (relay, sink):
+        workers = relay.proc.children()
+        assert len(workers) == 2
+        for n, pid in enumerate(workers):
+            others = [w for w in workers if w != pid]
+            with _stopped(others):
+                for i in range(5):
+                    await relay.send(f"w{n}m{i}")
+        await sink.wait_messages(10, TIMEOUT)
+        assert sorted(_ids(sink)) == sorted(f"w{n}m{i}" for n in range(2) for i in range(5))
+        log = relay.log()
+        for pid in workers:
+            assert f"qmgrd/smtpd[{pid}]: connect from unknown[127.0.0.1]" in log
+        assert f"qmgrd/qmgr[{relay.proc.proc.pid}]" in log
+        assert await asyncio.to_thread(relay.proc.stop, signal.SIGTERM, TIMEOUT) == 0
+        for pid in workers:
+            assert not Path(f"/proc/{pid}").exists()
+    assert _ids(sink).count("w0m0") == 1  # nothing delivered twice meanwhile
+
+
+async def test_one_worker_means_the_listener_runs_in_process(tmp_path: Path) -> None:
+    """smtpd_worker_processes = 1: no child process; the queue manager's pid logs smtpd."""
+    async with _relay(tmp_path, 1) as (relay, sink):
+        assert relay.proc.children() == []
+        await relay.send("solo")
+        await sink.wait_messages(1, TIMEOUT)
+        assert f"qmgrd/smtpd[{relay.proc.proc.pid}]: connect from" in relay.log()
+
+
+async def test_sigkilled_worker_under_load_loses_nothing_and_is_restarted(
+    tmp_path: Path,
+) -> None:
+    """Clients send without pause; one worker is SIGKILLed mid-stream. Every message that
+    got its 250 is delivered exactly once, the death is logged and a new worker starts."""
+    async with _relay(tmp_path, 2) as (relay, sink):
+        first = relay.proc.children()
+        acked: list[str] = []
+        failed = 0
+        stop = asyncio.Event()
+
+        async def client(c: int) -> None:
+            nonlocal failed
+            for i in range(400):  # bounded
+                if stop.is_set():
+                    return
+                tag = f"c{c}n{i}"
+                try:
+                    await relay.send(tag)
+                except (aiosmtplib.SMTPException, OSError):
+                    failed += 1
+                    continue
+                acked.append(tag)
+
+        clients = [asyncio.ensure_future(client(c)) for c in range(4)]
+        await wait_until(lambda: len(acked) >= 20, "20 messages queued", TIMEOUT)
+        victim = first[0]
+        os.kill(victim, signal.SIGKILL)
+        death = f"process qmgrd/smtpd pid {victim} killed by signal 9; restarting it"
+        await wait_until(lambda: death in relay.log(), "the death in the log", TIMEOUT)
+        await wait_until(
+            lambda: len(relay.proc.children()) == 2 and victim not in relay.proc.children(),
+            "a new worker",
+            TIMEOUT,
+        )
+        count = len(acked)
+        await wait_until(lambda: len(acked) >= count + 20, "20 more messages", TIMEOUT)
+        stop.set()
+        await asyncio.gather(*clients)
+        await sink.wait_for(
+            lambda: set(acked) <= set(_ids(sink)), f"{len(acked)} acked messages", TIMEOUT
+        )
+        delivered = _ids(sink)
+        assert not [t for t in acked if delivered.count(t) != 1]
+        [new] = [pid for pid in relay.proc.children() if pid not in first]
+        with _stopped([pid for pid in relay.proc.children() if pid != new]):
+            await relay.send("probe")  # the new worker serves
+        assert f"qmgrd/smtpd[{new}]: connect from" in relay.log()
+        await sink.wait_for(lambda: "probe" in _ids(sink), "the probe", TIMEOUT)
+
+
+async def test_a_commit_whose_notice_was_lost_is_found_when_its_worker_dies(
+    tmp_path: Path,
+) -> None:
+    """A file committed to incoming/ with no notice (as when a worker dies between its
+    commit and its notice) is delivered once the queue manager hears a worker died."""
+    async with _relay(tmp_path, 2) as (relay, sink):
+        spool = Spool(tmp_path / "spool", ids=QueueIdGenerator())
+        env = Envelope("s@example.com", (RecipientSpec("orphan@example.org"),), 1e9)
+        await asyncio.to_thread(spool.commit, env, _message("orphan"))
+        assert sink.messages == []
+        os.kill(relay.proc.children()[0], signal.SIGKILL)
+        await sink.wait_messages(1, TIMEOUT)
+        assert _ids(sink) == ["orphan"]
+
+
+async def test_sighup_reaches_every_worker_and_a_refused_reload_stays_refused(
+    tmp_path: Path,
+) -> None:
+    """A new smtpd_banner after SIGHUP is served by every worker; a reload the queue manager
+    refuses (a bad parameter value) changes no worker."""
+    async with _relay(tmp_path, 2) as (relay, _sink):
+        workers = relay.proc.children()
+        main_cf = relay.conf / "main.cf"
+        main_cf.write_text(main_cf.read_text() + "smtpd_banner = $myhostname ESMTP second\n")
+        relay.proc.send_signal(signal.SIGHUP)
+        await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
+        for pid in workers:
+            with _stopped([w for w in workers if w != pid]):
+                await _wait_banner(relay, "second")
+        main_cf.write_text(
+            main_cf.read_text()
+            + "smtpd_banner = $myhostname ESMTP third\nsmtpd_session_limit = many\n"
+        )
+        relay.proc.send_signal(signal.SIGHUP)
+        await wait_until(lambda: "reload refused" in relay.log(), "a refusal", TIMEOUT)
+        await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
+        for pid in workers:
+            with _stopped([w for w in workers if w != pid]):
+                assert (await relay.banner()).endswith("ESMTP second")
+
+
+async def _wait_banner(relay: Relay, word: str) -> None:
+    """The running worker greets with ``word``: it applied the reload sent over its channel
+    (another process's state, so polled; bounded in count)."""
+    for _ in range(200):
+        if (await relay.banner()).endswith(word):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no banner ending {word!r}")
+
+
+@pytest.mark.parametrize("value", ["lots", "-1"])
+def test_a_bad_worker_count_stops_the_start(tmp_path: Path, value: str) -> None:
+    """smtpd_worker_processes must be auto or a number: the start fails with exit 1."""
+    conf = write_config(tmp_path, f"smtpd_worker_processes = {value}\n")
+    proc = DaemonProcess(conf).start()
+    try:
+        assert proc.proc.wait(TIMEOUT) == 1
+        proc.wait_for("smtpd_worker_processes")
+    finally:
+        proc.close()
