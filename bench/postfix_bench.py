@@ -182,10 +182,11 @@ class Qmgrd(Relay):
 
     name = "qmgrd"
 
-    def __init__(self) -> None:
-        """Nothing runs yet."""
+    def __init__(self, workers: str | None = None) -> None:
+        """Nothing runs yet; ``workers``: smtpd_worker_processes (None: its default)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
+        self.workers = workers
 
     def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
         """Write main.cf/master.cf under ``root`` and start the daemon."""
@@ -196,6 +197,8 @@ class Qmgrd(Relay):
         if shape.dests > 1:
             transport_map(conf / "transport", sinks)
             extra = f"transport_maps = texthash:{conf / 'transport'}\n"
+        if self.workers is not None:
+            extra += f"smtpd_worker_processes = {self.workers}\n"
         (conf / "main.cf").write_text(
             f"queue_directory = {root / 'spool'}\n"
             f"smtpd_listen = 127.0.0.1:{port}\n"
@@ -519,6 +522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-s", type=int, default=20, help="parallel sessions (smtp-source -s)")
     parser.add_argument("--relays", default="qmgrd,postfix", help="qmgrd, postfix or both")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    parser.add_argument(
+        "--smtpd-workers",
+        default=None,
+        help="qmgrd's smtpd_worker_processes (default: its own default, auto)",
+    )
     args = parser.parse_args(argv)
     tools = {name: tool(name) for name in ("smtp-source", "smtp-sink", "postfix")}
     missing = [name for name in ("smtp-source", "smtp-sink") if not tools[name]]
@@ -539,6 +547,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"cpus={os.cpu_count()} loadavg={os.getloadavg()[0]:.1f} m={args.m} s={args.s} "
         f"rounds={args.rounds} relays={','.join(relays)} "
+        f"smtpd_worker_processes={args.smtpd_workers or 'default'} "
         f"source=smtp-source -s {args.s} -m {args.m} -l SIZE [-r RCPTS]",
         flush=True,
     )
@@ -547,7 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape in shapes:
         for rnd in range(1, args.rounds + 1):
             for name in relays:
-                relay: Relay = Qmgrd() if name == "qmgrd" else Postfix(found["postfix"])
+                relay: Relay = (
+                    Qmgrd(args.smtpd_workers) if name == "qmgrd" else Postfix(found["postfix"])
+                )
                 try:
                     run = run_once(relay, shape, rnd, args, found)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
