@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class Relay:
 
     def __init__(self, root: Path, sink: SinkServer, workers: int, extra: str = "") -> None:
         self.port = free_port()
+        self.metrics_port = free_port()
         self.maillog = root / "maillog"
         self.root = root
         self.conf = write_config(
@@ -54,6 +56,7 @@ class Relay:
             f"relayhost = {sink.nexthop}\n"
             f"smtpd_worker_processes = {workers}\n"
             f"maillog_file = {self.maillog}\n"
+            f"metrics_listen = 127.0.0.1:{self.metrics_port}\n"
             "smtpd_banner = $myhostname ESMTP first\n" + extra,
             listen=f"127.0.0.1:{self.port}",
         )
@@ -72,6 +75,16 @@ class Relay:
             port=self.port,
             timeout=TIMEOUT,
         )
+
+    def metric(self, name: str) -> float:
+        """One sample of the daemon's /metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+            text = response.read().decode()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
 
     async def banner(self) -> str:
         """The greeting of a new session."""
@@ -121,6 +134,12 @@ async def test_mail_accepted_by_each_worker_is_delivered_exactly_once(tmp_path: 
                     await relay.send(f"w{n}m{i}")
         await sink.wait_messages(10, TIMEOUT)
         assert sorted(_ids(sink)) == sorted(f"w{n}m{i}" for n in range(2) for i in range(5))
+        # the workers' intake counts reach the queue manager's metrics (sent every 50 ms)
+        await wait_until(
+            lambda: relay.metric("qmgrd_smtpd_messages_total") == 10, "10 in the metrics", TIMEOUT
+        )
+        assert relay.metric("qmgrd_smtpd_connections_total") == 10
+        assert relay.metric("qmgrd_smtpd_sessions") == 0
         log = relay.log()
         for pid in workers:
             assert f"qmgrd/smtpd[{pid}]: connect from unknown[127.0.0.1]" in log
