@@ -284,6 +284,7 @@ class Daemon:
             on_commit=self._committed,
             on_lost=self.engine.request_incoming_scan,
             intake=intake if isinstance(intake, IntakeMetrics) else None,
+            spool=self.spool,
         )
         await self.pool.start()  # stops what it started if it fails
         self._stack.push_async_callback(self.pool.stop)

@@ -23,8 +23,10 @@ waiting in the queue.
   ends the start. When a worker ends (killed, crashed) outside ``stop``, the
   exit is logged as Postfix's master logs it, ``on_lost()`` is called (the
   queue manager scans ``incoming/``: a commit whose notice the dead worker
-  never sent is found there; commits are durable before the 250) and the
-  worker is started again after a back-off: ``RESTART_DELAY`` doubled per
+  never sent is found there; commits are durable before the 250), the
+  temporaries of its unfinished transactions are removed (with ``spool``:
+  the ids of its slot, which no live writer draws from) and the worker is
+  started again after a back-off: ``RESTART_DELAY`` doubled per
   quick failure up to ``RESTART_MAX`` (a worker that lived ``STABLE``
   seconds starts the count again).
 - ``hup(accepted)`` (SIGHUP) tells every worker to reopen its log and, if the
@@ -53,9 +55,11 @@ from typing import Any
 from qmgrd.config import Config
 from qmgrd.daemon.ipc import apply_counts, commit_from, parse
 from qmgrd.daemon.metrics_intake import IntakeMetrics
-from qmgrd.errors import ConfigError
+from qmgrd.errors import ConfigError, SpoolError
 from qmgrd.listener.observer import Committed
 from qmgrd.log import get_logger
+from qmgrd.spool import Spool
+from qmgrd.spool.queueid import queue_id_slot
 
 __all__ = ["WorkerPool", "worker_count"]
 
@@ -104,6 +108,7 @@ class WorkerPool:
         on_commit: Callable[[Committed], None],
         on_lost: Callable[[], None],
         intake: IntakeMetrics | None = None,
+        spool: Spool | None = None,
     ) -> None:
         """Prepare ``count`` workers serving ``sockets`` (nothing runs before ``start``)."""
         self.config_dir = config_dir
@@ -112,6 +117,7 @@ class WorkerPool:
         self.on_commit = on_commit
         self.on_lost = on_lost
         self.intake = intake
+        self.spool = spool
         self.workers: dict[int, _Worker] = {}
         self.log = get_logger("master")
         self._stopping = False
@@ -186,6 +192,7 @@ class WorkerPool:
             f"process qmgrd/smtpd pid {worker.proc.pid} {_describe(status)}; restarting it"
         )
         self.on_lost()
+        await self._remove_temporaries(worker.slot)
         quick = time.monotonic() - worker.started < STABLE
         failures = self._failures.get(worker.slot, 0) + 1 if quick else 0
         self._failures[worker.slot] = failures
@@ -193,6 +200,21 @@ class WorkerPool:
         task = asyncio.get_running_loop().create_task(self._restart(worker.slot, delay))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
+
+    async def _remove_temporaries(self, slot: int) -> None:
+        """The dead worker's unfinished queue files (its slot's ids: no live writer's)."""
+        if self.spool is None:
+            return
+        slots, now = self.count + 1, time.time()
+        try:
+            removed = await asyncio.to_thread(
+                self.spool.remove_temp_files, lambda qid: queue_id_slot(qid, slots, now) == slot
+            )
+        except SpoolError as exc:
+            self.log.warning("cannot remove a dead worker's temporary files", error=str(exc))
+            return
+        if removed:
+            self.log.info("removed a dead worker's unfinished queue files", count=removed)
 
     async def _restart(self, slot: int, delay: float) -> None:
         await asyncio.sleep(delay)

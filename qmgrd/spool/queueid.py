@@ -73,6 +73,7 @@ __all__ = [
     "QueueIdGenerator",
     "is_queue_id",
     "new_queue_id",
+    "queue_id_slot",
     "queue_id_sort_key",
     "queue_id_time",
     "sort_queue_ids",
@@ -175,6 +176,14 @@ def queue_id_time(queue_id: str, now: float | None = None) -> float:
     ``now`` (default: the clock) only matters for short ids (module doc).
     """
     return _time_us(queue_id, time.time() if now is None else now) / _US
+
+
+def queue_id_slot(queue_id: str, slots: int, now: float) -> int:
+    """Which ``QueueIdGenerator`` slot of ``slots`` drew ``queue_id`` (ValueError if no id).
+
+    Exact for an id drawn within 8.5 years before ``now`` (short ids; long ids always).
+    """
+    return _time_us(queue_id, now) % slots
 
 
 def queue_id_sort_key(now: float) -> Callable[[str], tuple[int, str]]:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -188,8 +188,12 @@ class Spool:
         )
         return dst
 
-    def remove_temp_files(self) -> int:
-        """Delete leftovers of writers that died before their commit; call at start-up only."""
+    def remove_temp_files(self, only: Callable[[str], bool] | None = None) -> int:
+        """Delete leftovers of writers that died before their commit; call at start-up only.
+
+        With ``only`` (a predicate on the queue id), just those temporaries: a dead
+        listener worker's, whose queue id slot no live writer draws from.
+        """
         removed = 0
         directory = self.root / "incoming"
         try:
@@ -197,6 +201,8 @@ class Spool:
                 names = [e.name for e in it if e.name.startswith(TEMP_PREFIX)]
         except OSError as exc:
             raise SpoolError(f"cannot clean {directory}: {exc.strerror}") from exc
+        if only is not None:
+            names = [n for n in names if _temp_of(n, only)]
         for name in names:
             try:
                 os.unlink(directory / name)
@@ -423,3 +429,11 @@ def _write_all(fd: int, parts: list[bytes]) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
+
+
+def _temp_of(name: str, only: Callable[[str], bool]) -> bool:
+    """Whether temporary ``name`` holds a queue id that ``only`` accepts."""
+    try:
+        return only(name[len(TEMP_PREFIX) :])
+    except ValueError:  # not a queue id: no writer of ours made it
+        return False

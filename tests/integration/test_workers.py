@@ -214,15 +214,28 @@ async def test_a_commit_whose_notice_was_lost_is_found_when_its_worker_dies(
     tmp_path: Path,
 ) -> None:
     """A file committed to incoming/ with no notice (as when a worker dies between its
-    commit and its notice) is delivered once the queue manager hears a worker died."""
+    commit and its notice) is delivered once the queue manager hears a worker died; the
+    dead worker's unfinished temporaries (ids of its slot) are removed, no one else's."""
     async with _relay(tmp_path, 2) as (relay, sink):
         spool = Spool(tmp_path / "spool", ids=QueueIdGenerator())
         env = Envelope("s@example.com", (RecipientSpec("orphan@example.org"),), 1e9)
         await asyncio.to_thread(spool.commit, env, _message("orphan"))
+        temps = [
+            spool.root / "incoming" / f".{QueueIdGenerator(slot=k, slots=3).next()}"
+            for k in range(3)  # the queue manager's slot, then the two workers'
+        ]
+        for temp in temps:
+            temp.write_bytes(b"half a message")
         assert sink.messages == []
         os.kill(relay.proc.children()[0], signal.SIGKILL)
         await sink.wait_messages(1, TIMEOUT)
         assert _ids(sink) == ["orphan"]
+        await wait_until(
+            lambda: "removed a dead worker's unfinished queue files: count=1" in relay.log(),
+            "the dead worker's temporaries removed",
+            TIMEOUT,
+        )
+        assert temps[0].exists() and [t.exists() for t in temps[1:]].count(True) == 1
 
 
 async def test_sighup_reaches_every_worker_and_a_refused_reload_stays_refused(

@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from qmgrd.spool import Envelope, QueueIdGenerator, RecipientSpec, Spool, is_queue_id
-from qmgrd.spool.queueid import new_queue_id, queue_id_sort_key, queue_id_time, sort_queue_ids
+from qmgrd.spool.queueid import (
+    new_queue_id,
+    queue_id_slot,
+    queue_id_sort_key,
+    queue_id_time,
+    sort_queue_ids,
+)
 
 # pymailq's PostqueueStore.mail_id_re: the tool that crashed on qmgrd's old ids.
 PYMAILQ_ID = re.compile(r"^[A-F0-9]{8,12}[*!]?$")
@@ -214,7 +220,8 @@ def test_the_fast_sort_key_agrees_with_queue_id_time(time_ns: int, salt: int) ->
 @given(st.integers(min_value=10**15, max_value=2 * 10**18), st.integers(min_value=1, max_value=8))
 def test_slots_never_draw_the_same_id_across_processes(time_ns: int, slots: int) -> None:
     """Generators of different slots (the daemon and its listener workers), reading the same
-    frozen clock, never produce the same short or long id, and each stays in order."""
+    frozen clock, never produce the same short or long id, each stays in order, and the
+    slot can be read back from the id."""
     for long_ids in (False, True):
         seen: set[str] = set()
         for slot in range(slots):
@@ -224,6 +231,7 @@ def test_slots_never_draw_the_same_id_across_processes(time_ns: int, slots: int)
             ids = [gen.next() for _ in range(5)]
             assert sort_queue_ids(ids, now=time_ns / 1e9) == ids
             assert not seen & set(ids)
+            assert {queue_id_slot(i, slots, time_ns / 1e9) for i in ids} == {slot}
             seen |= set(ids)
 
 
