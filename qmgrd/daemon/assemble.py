@@ -203,6 +203,7 @@ class Daemon:
         self.control: ControlServer | None = None
         self.listeners: ListenerGroup | None = None  # in-process listeners
         self.pool: WorkerPool | None = None  # listener processes
+        self._hups: list[asyncio.Future[None]] = []  # workers applying a reload
         self._task: asyncio.Task[None] | None = None
         self._stack = contextlib.AsyncExitStack()
 
@@ -318,9 +319,15 @@ class Daemon:
         set of listen addresses or inet services needs a restart (logged).
         """
         accepted = self._reload()
-        if self.pool is not None:
-            self.pool.hup(accepted)  # workers re-read the configuration only if accepted
+        if self.pool is not None:  # workers re-read the configuration only if accepted
+            self._hups = self.pool.hup(accepted)
         return accepted
+
+    async def wait_reloaded(self) -> None:
+        """After ``reload``: wait (bounded) until every listener worker has applied it."""
+        hups, self._hups = self._hups, []
+        if self.pool is not None:
+            await self.pool.wait_hup(hups)
 
     def _reload(self) -> bool:
         listeners = None

@@ -17,7 +17,8 @@ characters). Worker to queue manager:
 
 Queue manager to worker: ``["hup", accepted]`` (SIGHUP: reopen the log file;
 with ``accepted`` true also re-read the configuration, which the queue
-manager has already checked and applied).
+manager has already checked and applied); the worker answers ``["hup-done"]``
+once it has.
 
 Intake metrics cross the channel as counts, not events: a worker's
 :class:`CountingIntake` (the listener's ``IntakeObserver``) adds up its

@@ -79,6 +79,7 @@ async def _reload_on_hup(daemon: Daemon, hup: asyncio.Event, notifier: Notifier)
         notifier.reloading()
         reopen_logs()
         daemon.reload()
+        await daemon.wait_reloaded()  # listener workers too
         notifier.ready(status="accepting mail")
 
 

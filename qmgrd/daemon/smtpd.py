@@ -161,6 +161,7 @@ class Worker:
                     reopen_logs()
                     if len(fields) > 1 and fields[1] is True:
                         self.reload()
+                    self.send(encode("hup-done"))
         except ConnectionError:
             pass
         self.stop.set()

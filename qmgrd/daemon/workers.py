@@ -30,7 +30,9 @@ waiting in the queue.
   quick failure up to ``RESTART_MAX`` (a worker that lived ``STABLE``
   seconds starts the count again).
 - ``hup(accepted)`` (SIGHUP) tells every worker to reopen its log and, if the
-  queue manager accepted the reload, re-read the configuration.
+  queue manager accepted the reload, re-read the configuration; each answers
+  ``hup-done`` when it has, and ``await wait_hup(futures)`` waits for that
+  (bounded), so READY=1 after a reload means every process applied it.
 - ``await stop()`` sends SIGTERM to every worker (they stop accepting,
   disconnect clients and finish queued commits), reads their channels to the
   end (so every commit notice reaches the queue manager), waits ``STOP_WAIT``
@@ -48,7 +50,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,7 @@ RESTART_MAX = 30.0  # the longest back-off between restarts
 STABLE = 30.0  # a worker that lived this long failed "slowly": back-off starts again
 START_WAIT = 60.0  # seconds a worker may take to listen
 STOP_WAIT = 20.0  # seconds workers get to stop after SIGTERM (sessions get 10 s of it)
+HUP_WAIT = 10.0  # seconds a reload waits for the workers to apply it
 _READ_LIMIT = 1 << 20  # longest channel line
 
 
@@ -94,6 +97,7 @@ class _Worker:
     started: float
     sessions: int = 0
     reader: asyncio.Task[None] | None = None
+    hups: list[asyncio.Future[None]] = field(default_factory=list)  # sent, not yet done
 
 
 class WorkerPool:
@@ -180,6 +184,8 @@ class WorkerPool:
             self.log.error("listener worker channel failed", pid=worker.proc.pid, error=str(exc))
         status = await worker.proc.wait()
         worker.writer.close()
+        for future in worker.hups:
+            _settle(future)
         self.workers.pop(worker.slot, None)
         if not worker.ready.done():
             worker.ready.set_exception(
@@ -240,6 +246,9 @@ class WorkerPool:
                 worker.sessions = int(fields[2])
                 if self.intake is not None:
                     self.intake.sessions.set(self.sessions)
+            elif kind == "hup-done":
+                if worker.hups:
+                    _settle(worker.hups.pop(0))
             elif kind == "ready":
                 if not worker.ready.done():
                     worker.ready.set_result(None)
@@ -250,12 +259,26 @@ class WorkerPool:
                 "bad message from a listener worker", pid=worker.proc.pid, error=str(exc)
             )
 
-    def hup(self, accepted: bool) -> None:
-        """SIGHUP: every worker reopens its log, and re-reads the configuration if ``accepted``."""
+    def hup(self, accepted: bool) -> list[asyncio.Future[None]]:
+        """SIGHUP: every worker reopens its log, and re-reads the configuration if ``accepted``.
+
+        Returns one future per worker, done when it has (or has gone): ``wait_hup``.
+        """
         message = b'["hup",true]\n' if accepted else b'["hup",false]\n'
+        loop = asyncio.get_running_loop()
+        done: list[asyncio.Future[None]] = []
         for worker in self.workers.values():
             if not worker.writer.is_closing():
                 worker.writer.write(message)
+                future = loop.create_future()
+                worker.hups.append(future)
+                done.append(future)
+        return done
+
+    async def wait_hup(self, done: list[asyncio.Future[None]]) -> None:
+        """Wait (at most ``HUP_WAIT`` seconds) until the workers applied a ``hup``."""
+        if done:
+            await asyncio.wait(done, timeout=HUP_WAIT)
 
     async def stop(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL after ``STOP_WAIT``), close the sockets."""
@@ -279,6 +302,11 @@ class WorkerPool:
         for socks in self.sockets.values():
             for sock in socks:
                 sock.close()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _signal(proc: asyncio.subprocess.Process, signum: int) -> None:
