@@ -241,17 +241,20 @@ async def test_a_commit_whose_notice_was_lost_is_found_when_its_worker_dies(
 async def test_sighup_reaches_every_worker_and_a_refused_reload_stays_refused(
     tmp_path: Path,
 ) -> None:
-    """A new smtpd_banner after SIGHUP is served by every worker; a reload the queue manager
-    refuses (a bad parameter value) changes no worker."""
+    """A new smtpd_banner after SIGHUP is served by every worker, and every worker writes to
+    the reopened maillog_file (rotation); a reload the queue manager refuses (a bad
+    parameter value) changes no worker."""
     async with _relay(tmp_path, 2) as (relay, _sink):
         workers = relay.proc.children()
         main_cf = relay.conf / "main.cf"
         main_cf.write_text(main_cf.read_text() + "smtpd_banner = $myhostname ESMTP second\n")
+        relay.maillog.rename(relay.maillog.with_name("maillog.1"))
         relay.proc.send_signal(signal.SIGHUP)
         await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
         for pid in workers:  # READY=1 came after every worker applied the reload
             with _stopped([w for w in workers if w != pid]):
                 assert (await relay.banner()).endswith("ESMTP second")
+            assert f"qmgrd/smtpd[{pid}]: connect from" in relay.log()  # the new file
         main_cf.write_text(
             main_cf.read_text()
             + "smtpd_banner = $myhostname ESMTP third\nsmtpd_session_limit = many\n"
