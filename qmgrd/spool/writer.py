@@ -252,7 +252,10 @@ class QueueFileWriter:
         self._flushed += len(self._buf)
         self._buf = bytearray()
         content_at, end = self._gap_at + GAP, self._flushed
-        head = os.pread(self._fd, self._rcpt_at, 0) + rcpts
+        head = os.pread(self._fd, self._rcpt_at, 0)
+        if len(head) != self._rcpt_at:
+            raise OSError(f"queue file shorter than written ({len(head)} of {self._rcpt_at})")
+        head += rcpts
         temp = self._temp()
         fresh = temp.with_name(temp.name + ".redirect")
         fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
