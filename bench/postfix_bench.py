@@ -108,6 +108,17 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = 
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
+def wait_line(path: Path, needle: str, timeout: float) -> None:
+    """Return once the file ``path`` holds ``needle``; RuntimeError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(FileNotFoundError):
+            if needle in path.read_text(errors="replace"):
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"no {needle!r} in {path} after {timeout} s")
+
+
 def transport_map(path: Path, ports: Sequence[int]) -> None:
     """``Nto@dst.bench smtp:[127.0.0.1]:port_N`` for the 10-destination shape."""
     lines = [f"{i}to@dst.bench smtp:[127.0.0.1]:{port}" for i, port in enumerate(ports, 1)]
@@ -187,6 +198,7 @@ class Qmgrd(Relay):
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
         self.workers = workers
+        self.name = "qmgrd" if workers is None else f"qmgrd-w{workers}"
 
     def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
         """Write main.cf/master.cf under ``root`` and start the daemon."""
@@ -216,6 +228,7 @@ class Qmgrd(Relay):
         )
         try:
             wait_port(port, 60, self.proc)
+            wait_line(root / "maillog", "daemon started", 60)  # listener workers listen
         except RuntimeError as exc:
             raise RuntimeError(f"qmgrd: {exc}: {(root / 'stderr').read_text()[-2000:]}") from exc
 
@@ -489,8 +502,10 @@ def _spread(values: Sequence[float], fmt: str = "{:.0f}") -> str:
 
 
 def summary(runs: Sequence[Run], relays: Sequence[str]) -> list[str]:
-    """Per shape: median (min-max) msg/s, CPU ms/msg, ratio qmgrd/Postfix per round."""
-    out = ["", "shape | " + " | ".join(f"{r} msg/s  cpu ms/msg" for r in relays) + " | ratio"]
+    """Per shape: median (min-max) msg/s, CPU ms/msg, ratio of each qmgrd to Postfix per round."""
+    ratio_heads = " | ".join(f"{r}/postfix" for r in relays if r != "postfix")
+    heads = " | ".join(f"{r} msg/s  cpu ms/msg" for r in relays)
+    out = ["", f"shape | {heads} | {ratio_heads}"]
     for shape in dict.fromkeys(run.shape for run in runs):
         cells = []
         for relay in relays:
@@ -501,13 +516,15 @@ def summary(runs: Sequence[Run], relays: Sequence[str]) -> list[str]:
             else:
                 cells.append("-")
         by_round = {(r.relay, r.round): r.rate for r in runs if r.shape == shape}
-        ratios = [
-            rate / by_round[("postfix", rnd)]
-            for (relay, rnd), rate in by_round.items()
-            if relay == "qmgrd" and ("postfix", rnd) in by_round
-        ]
-        ratio = _spread(ratios, "{:.2f}") if ratios else "-"
-        out.append(f"{shape.label} | " + " | ".join(cells) + f" | {ratio}")
+        ratio_cells = []
+        for mine_name in (r for r in relays if r != "postfix"):
+            ratios = [
+                rate / by_round[("postfix", rnd)]
+                for (relay, rnd), rate in by_round.items()
+                if relay == mine_name and ("postfix", rnd) in by_round
+            ]
+            ratio_cells.append(_spread(ratios, "{:.2f}") if ratios else "-")
+        out.append(f"{shape.label} | " + " | ".join(cells) + " | " + " | ".join(ratio_cells))
     return out
 
 
@@ -525,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--smtpd-workers",
         default=None,
-        help="qmgrd's smtpd_worker_processes (default: its own default, auto)",
+        help="qmgrd's smtpd_worker_processes, or a comma list to run each in every round "
+        "(e.g. 0,2; default: qmgrd's own default, auto)",
     )
     args = parser.parse_args(argv)
     tools = {name: tool(name) for name in ("smtp-source", "smtp-sink", "postfix")}
@@ -551,13 +569,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"source=smtp-source -s {args.s} -m {args.m} -l SIZE [-r RCPTS]",
         flush=True,
     )
+    variants = [None] if args.smtpd_workers is None else args.smtpd_workers.split(",")
+    if "qmgrd" in relays:
+        at = relays.index("qmgrd")
+        relays[at : at + 1] = [Qmgrd(v).name for v in variants]
     runs: list[Run] = []
     failed = 0
     for shape in shapes:
         for rnd in range(1, args.rounds + 1):
             for name in relays:
                 relay: Relay = (
-                    Qmgrd(args.smtpd_workers) if name == "qmgrd" else Postfix(found["postfix"])
+                    Postfix(found["postfix"])
+                    if name == "postfix"
+                    else Qmgrd(variants[[Qmgrd(v).name for v in variants].index(name)])
                 )
                 try:
                     run = run_once(relay, shape, rnd, args, found)

@@ -25,7 +25,8 @@ def _have(name: str) -> bool:
     not (_have("smtp-source") and _have("smtp-sink")), reason="smtp-source/smtp-sink missing"
 )
 def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
-    """20 ten-recipient messages over ten sinks through qmgrd: one run line, no problems."""
+    """20 ten-recipient messages over ten sinks through qmgrd, in process and with two
+    listener workers (``--smtpd-workers 0,2``): one run line each, no problems."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -42,6 +43,8 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
             "qmgrd",
             "--timeout",
             "60",
+            "--smtpd-workers",
+            "0,2",
         ],
         cwd=REPO,
         capture_output=True,
@@ -50,10 +53,12 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
-    assert len(runs) == 1, proc.stdout
-    assert re.search(r"qmgrd\s+\d+ msg/s\s+\d+ rcpt/s", runs[0]), runs[0]
-    assert re.search(r"cpu ms/msg: relay=[\d.]+ ", runs[0]), runs[0]
-    assert "problems=0" in runs[0]
+    assert len(runs) == 2, proc.stdout
+    for run, name in zip(runs, ("qmgrd-w0", "qmgrd-w2"), strict=True):
+        assert re.search(rf"{name}\s+\d+ msg/s\s+\d+ rcpt/s", run), run
+        assert re.search(r"cpu ms/msg: relay=[\d.]+ ", run), run
+        assert "problems=0" in run
+    assert "qmgrd-smtpd=" in runs[1]  # the workers' CPU, apart
     assert any(
         line.startswith("1 KB, 10 recipients, 10 destinations |")
         for line in proc.stdout.splitlines()
