@@ -258,6 +258,11 @@ class WorkerPool:
             self.log.error(
                 "bad message from a listener worker", pid=worker.proc.pid, error=str(exc)
             )
+        except Exception as exc:  # a bug in a handler: reported loudly, the channel goes on
+            self.log.error("internal error handling a worker's message", error=repr(exc))
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": "listener worker message failed", "exception": exc}
+            )
 
     def hup(self, accepted: bool) -> list[asyncio.Future[None]]:
         """SIGHUP: every worker reopens its log, and re-reads the configuration if ``accepted``.
