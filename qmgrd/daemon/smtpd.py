@@ -2,15 +2,18 @@
 
 Started by the queue manager (``qmgrd.daemon.workers``) as ``python -m
 qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
---listen SERVICE=FD[,FD...]...``; never by hand. It:
+--spool DIR --listen SERVICE=FD[,FD...]...``; never by hand. It:
 
 - is named ``qmgrd-smtpd`` (``PR_SET_NAME``) and dies with its parent:
   ``PR_SET_PDEATHSIG`` (SIGKILL) on Linux, and a parent that is already
   gone (``getppid`` differs) ends it at once, so a SIGKILLed daemon leaves
   no worker accepting mail behind it; the channel's end of stream also
   stops it (gracefully);
-- reads the configuration itself and opens its own log output (its lines
-  are ``qmgrd/smtpd[PID]``);
+- reads the configuration itself (as a new Postfix smtpd does: a worker
+  restarted after main.cf was edited but not reloaded runs the edited
+  settings) and opens its own log output (its lines are
+  ``qmgrd/smtpd[PID]``); the spool is the queue manager's (``--spool``),
+  never a ``queue_directory`` changed meanwhile;
 - serves the listening sockets it inherited (``--listen``: the fds the
   parent bound, per master.cf service) with the same ``ListenerGroup`` the
   in-process mode runs, so every listener hook (limits, cleanup, TLS, AUTH)
@@ -78,6 +81,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--spool", type=Path, required=True)
     parser.add_argument("--listen", action="append", default=[])
     return parser.parse_args(argv)
 
@@ -98,7 +102,7 @@ class Worker:
         self.args = args
         self.cfg = cfg
         self.spool = Spool(
-            self.cfg.get_path("queue_directory"),
+            args.spool,  # the running queue manager's, whatever main.cf says now
             ids=QueueIdGenerator(
                 long_ids=self.cfg.get_bool("enable_long_queue_ids"),
                 slot=args.slot,

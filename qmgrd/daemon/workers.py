@@ -7,7 +7,7 @@ core; a number; ConfigError otherwise). At most 1 means no workers: the
 listener runs in the queue manager's process (``assemble.Daemon``).
 
 ``WorkerPool(config_dir, count, sockets, on_commit=..., on_lost=...,
-intake=...)``: ``sockets`` are the listening sockets the queue manager bound
+intake=..., spool=...)``: ``sockets`` are the listening sockets the queue manager bound
 (service name -> sockets, ``listener.server.bind_listener``), inherited by
 every worker (Postfix's master hands its smtpd processes the listening
 socket the same way), so the kernel queues each new connection once and
@@ -24,11 +24,11 @@ waiting in the queue.
   exit is logged as Postfix's master logs it, ``on_lost()`` is called (the
   queue manager scans ``incoming/``: a commit whose notice the dead worker
   never sent is found there; commits are durable before the 250), the
-  temporaries of its unfinished transactions are removed (with ``spool``:
-  the ids of its slot, which no live writer draws from) and the worker is
-  started again after a back-off: ``RESTART_DELAY`` doubled per
-  quick failure up to ``RESTART_MAX`` (a worker that lived ``STABLE``
-  seconds starts the count again).
+  temporaries of its unfinished transactions are removed (the ids of its
+  slot, which no live writer draws from) and the worker is started again
+  after a back-off: ``RESTART_DELAY`` doubled per quick failure up to
+  ``RESTART_MAX`` (a worker that lived ``STABLE`` seconds starts the count
+  again).
 - ``hup(accepted)`` (SIGHUP) tells every worker to reopen its log and, if the
   queue manager accepted the reload, re-read the configuration; each answers
   ``hup-done`` when it has, and ``await wait_hup(futures)`` waits for that
@@ -112,7 +112,7 @@ class WorkerPool:
         on_commit: Callable[[Committed], None],
         on_lost: Callable[[], None],
         intake: IntakeMetrics | None = None,
-        spool: Spool | None = None,
+        spool: Spool,
     ) -> None:
         """Prepare ``count`` workers serving ``sockets`` (nothing runs before ``start``)."""
         self.config_dir = config_dir
@@ -159,6 +159,7 @@ class WorkerPool:
             sys.executable, "-m", "qmgrd.daemon.smtpd", "-c", str(self.config_dir),
             "--channel", str(theirs.fileno()), "--slot", str(slot),
             "--slots", str(self.count + 1), "--parent", str(os.getpid()),
+            "--spool", str(self.spool.root),
         ]  # fmt: skip
         for service, socks in self.sockets.items():
             args += ["--listen", f"{service}=" + ",".join(str(s.fileno()) for s in socks)]
@@ -209,8 +210,6 @@ class WorkerPool:
 
     async def _remove_temporaries(self, slot: int) -> None:
         """The dead worker's unfinished queue files (its slot's ids: no live writer's)."""
-        if self.spool is None:
-            return
         slots, now = self.count + 1, time.time()
         try:
             removed = await asyncio.to_thread(
