@@ -139,7 +139,9 @@ async def test_mail_accepted_by_each_worker_is_delivered_exactly_once(tmp_path: 
             lambda: relay.metric("qmgrd_smtpd_messages_total") == 10, "10 in the metrics", TIMEOUT
         )
         assert relay.metric("qmgrd_smtpd_connections_total") == 10
-        assert relay.metric("qmgrd_smtpd_sessions") == 0
+        await wait_until(
+            lambda: relay.metric("qmgrd_smtpd_sessions") == 0, "no session left", TIMEOUT
+        )
         log = relay.log()
         for pid in workers:
             assert f"qmgrd/smtpd[{pid}]: connect from unknown[127.0.0.1]" in log
