@@ -786,6 +786,25 @@ _TABLE: tuple[Param, ...] = (
         check=Check.HOSTPORT,
         qmgrd_only=True,
     ),
+    # --- fair queuing between flows (qmgrd only; qmgrd.daemon.flows, qmgrd.core.fairq) ---
+    Param(
+        "default_fairness_key",
+        _S,
+        "none",
+        "what makes a message's flow for fair queuing: none (Postfix's FIFO with preemption), "
+        "sender_domain, sender, sasl_username or client_address",
+        per_transport=True,
+        choices=("none", "sender_domain", "sender", "sasl_username", "client_address"),
+        qmgrd_only=True,
+    ),
+    Param(
+        "fairness_weight_maps",
+        _L,
+        "",
+        "lookup tables mapping a flow key to 'WEIGHT [TENANT]' (default weight 1; keys with "
+        "the same tenant share one flow)",
+        qmgrd_only=True,
+    ),
     # --- lookup tables (qmgrd.tables) ---
     Param(
         "parent_domain_matches_subdomains",

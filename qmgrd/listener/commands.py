@@ -122,6 +122,7 @@ async def mail(s: Session, arg: str) -> None:
             client_addr=s.client_addr,
             helo=s.dialogue.helo_name,
             warn_time=int(arrival) + warn if warn > 0 else None,
+            sasl_username=s.sasl_user,
         )
     )
     s.reply("250 2.1.0 Ok")
