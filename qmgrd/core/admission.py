@@ -292,6 +292,6 @@ class Admission:
         raise InvariantError(f"flow {fq.flow.label!r}: counted waiting ids that are not queued")
 
     def _forget_if_unused(self, fq: _FlowQueue) -> None:
-        if fq.waiting == 0 and fq.active == 0 and fq.state == _IDLE:
-            if self._flows.get(fq.flow.key) is fq:
-                del self._flows[fq.flow.key]
+        unused = fq.waiting == 0 and fq.active == 0 and fq.state == _IDLE
+        if unused and self._flows.get(fq.flow.key) is fq:
+            del self._flows[fq.flow.key]

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
-from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
+from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings

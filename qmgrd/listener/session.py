@@ -55,8 +55,8 @@ from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
-from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
+from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
     Closed,
