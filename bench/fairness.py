@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +38,9 @@ import structlog.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.integration.e2e import commit, offline_spool, start_daemon  # noqa: E402
-from tests.integration.sinks import SinkServer  # noqa: E402
-from tests.support.config import write_config  # noqa: E402
+from tests.integration.e2e import commit, offline_spool, start_daemon
+from tests.integration.sinks import SinkServer
+from tests.support.config import write_config
 
 A_SENDER, B_SENDER = "a@a.test", "b@b.test"
 
@@ -97,6 +98,9 @@ async def run_fairness(
                 arrivals.append(now)
                 a_seen += msg.mail_from == A_SENDER
 
+    def _reached(target: int) -> Callable[[], bool]:
+        return lambda: a_seen >= target
+
     try:
         main = (
             f"relayhost = {sink.nexthop}\n"
@@ -121,7 +125,7 @@ async def run_fairness(
                 step = max(1, backlog // (b_messages + 5))
                 for i in range(b_messages):
                     target = (i + 1) * step
-                    await sink.wait_for(lambda t=target: a_seen >= t, f"{target} of A", timeout)
+                    await sink.wait_for(_reached(target), f"{target} of A", timeout)
                     rcpt = f"b{i}@dst.test"
                     await daemon.submit(B_SENDER, [rcpt])
                     sent[rcpt] = (loop.time(), a_seen)

@@ -9,12 +9,18 @@ changes the times, not that count.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from pathlib import Path
 
+import aiosmtplib
 import pytest
 
 from bench.fairness import run_fairness
+from qmgrd.daemon.admitting import REFUSE_REPLY
+from tests.integration.e2e import TIMEOUT, commit, offline_spool, start_daemon
+from tests.support.agents import FakeAgent
+from tests.support.config import write_config
 
 BACKLOG, LIST_RCPTS, B_MESSAGES, ACTIVE = 600, 100, 8, 40
 
@@ -43,3 +49,34 @@ async def test_sender_domain_fairness_lets_b_past_a_backlog(tmp_path: Path) -> N
     assert max(fair.b_overtaken) <= 2 * ACTIVE, fair.b_overtaken
     assert statistics.median(fair.b_overtaken) * 4 < statistics.median(none.b_overtaken)
     assert statistics.median(fair.b_latencies) < statistics.median(none.b_latencies)
+
+
+async def test_backlog_limit_refuses_that_flow_only_at_mail_from(tmp_path: Path) -> None:
+    """qmgr_flow_backlog_limit: MAIL FROM of a flow with that many waiting gets 452 4.3.2;
+    another sender on the same connection is accepted."""
+    gate = asyncio.Event()
+    agent = FakeAgent(gate=gate)
+    conf = write_config(
+        tmp_path,
+        "relayhost = [127.0.0.1]:9\n"
+        "default_fairness_key = sender_domain\n"
+        "qmgr_message_active_limit = 1\n"
+        "qmgr_flow_backlog_limit = 3\n",
+    )
+    spool = offline_spool(conf)
+    for i in range(4):
+        commit(spool, "a@a.test", [f"a{i}@dst.test"], arrival_time=1e9)
+    daemon = await start_daemon(conf, agents={"smtp": agent, "relay": agent})
+    try:
+        await agent.wait_started(1)  # one in core (held by the gate), three waiting
+        async with aiosmtplib.SMTP(
+            hostname="127.0.0.1", port=daemon.port, timeout=TIMEOUT, start_tls=False
+        ) as client:
+            await client.ehlo()
+            refused = await client.execute_command(b"MAIL", b"FROM:<other@A.test>")
+            assert (refused.code, refused.message) == (452, REFUSE_REPLY[4:])
+            accepted = await client.execute_command(b"MAIL", b"FROM:<b@b.test>")
+            assert accepted.code == 250
+    finally:
+        gate.set()
+        await daemon.stop()
