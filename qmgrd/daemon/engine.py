@@ -169,8 +169,7 @@ class Engine:
         self._kick.set()
 
     def notify_incoming(self, queue_id: str, facts: FlowFacts | None = None) -> None:
-        """The listener committed ``queue_id`` to ``incoming/``: pick it up soon (``facts``:
-        what its flow is computed from, when the caller knows; else its head is read)."""
+        """``queue_id`` is in ``incoming/``: load it soon (``facts``: its flow's, if known)."""
         self.loader.enqueue(queue_id, "incoming", facts)
 
     def _enqueue_deferred(self, queue_id: str) -> None:

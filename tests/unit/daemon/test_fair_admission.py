@@ -7,6 +7,7 @@ from pathlib import Path
 
 from qmgrd.core.admission import FlowBacklog
 from qmgrd.daemon.admitting import EngineFlowGate, read_flow_facts
+from qmgrd.daemon.metrics import Metrics
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.ops.status import format_status
 from tests.support.agents import FakeAgent
@@ -61,6 +62,9 @@ async def test_flow_active_limit_and_rate_from_main_cf(tmp_path: Path) -> None:
     stats = engine.stats
     await asyncio.wait_for(engine.wait_until(lambda: stats.messages_loaded == 2), TIMEOUT)
     assert engine.snapshot().admission == (FlowBacklog("sender_domain:a.test", 4, 2),)
+    scrape = Metrics(status_fn=engine.snapshot).generate()
+    assert b'qmgrd_flow_messages_waiting{flow="sender_domain:a.test"} 4.0' in scrape
+    assert b'qmgrd_flow_messages_active{flow="sender_domain:a.test"} 2.0' in scrape
     gate.set()  # deliveries finish: the cap frees, the rate allows one more (burst 3)
     await asyncio.wait_for(
         engine.wait_until(lambda: stats.messages_loaded == 3 and stats.messages_removed == 3),
