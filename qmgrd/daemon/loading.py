@@ -6,8 +6,14 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   thread) and put every id the table does not know in WAITING. A failed scan
   of ``incoming/`` is retried after ``retry_delay`` (``rescan_due``);
   ``deferred/`` is scanned every ``queue_run_delay`` anyway.
+  With a fairness key, each unknown file's flow is read from its envelope
+  head first (``qmgrd.daemon.admitting``; the incoming scan does that in a
+  task of its own, so start-up does not wait for it); ``enqueue`` queues one
+  id (its flow from the listener's facts, or read).
 - ``feed(now)`` moves WAITING messages to LOADING while the active queue has
-  room (``qmgr_message_active_limit``) and starts one load each.
+  room (``qmgr_message_active_limit``) and starts one load each; which one is
+  fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
+  Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
   (notes §9), parses the envelope and registers the message with the
   scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
@@ -70,7 +76,10 @@ class Loader:
             ctx.log.error("cannot scan the incoming queue", error=str(exc))
             self.rescan_due = ctx.clock.now() + ctx.retry_delay
             return
-        await self.enqueue_ids(ids, "incoming")
+        if ctx.admit_flow is None:
+            await self.enqueue_ids(ids, "incoming")  # no reads: all waiting at once
+        else:  # envelope heads are read in chunks; start-up and loads need not wait for all
+            ctx.spawn(self.enqueue_ids(ids, "incoming"))
         ctx.kick()
 
     async def scan_deferred(self, now: float, *, flush: bool) -> None:
