@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from qmgrd.core.admission import FlowBacklog
 from qmgrd.daemon.admitting import EngineFlowGate, read_flow_facts
 from qmgrd.daemon.metrics import Metrics
@@ -95,3 +97,16 @@ async def test_gate_hands_the_flow_without_reading_the_file(tmp_path: Path) -> N
     assert read_flow_facts(spool, "incoming", ["1K0S000000000AB"]) == [
         ("1K0S000000000AB", None)
     ]
+
+
+async def test_fairness_none_reads_no_envelope_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With fairness none the scans queue ids as listed: no file is opened for its flow."""
+
+    def refuse(*_args: object) -> None:
+        raise AssertionError("an envelope head was read with fairness none")
+
+    monkeypatch.setattr("qmgrd.daemon.loading.read_flow_facts", refuse)
+    senders = await _delivery_order(tmp_path, "")
+    assert len(senders) == 6
