@@ -266,6 +266,7 @@ class Admission:
     def _schedule(self, fq: _FlowQueue) -> None:
         """Put a flow with waiting ids among the ready flows (its next finish tag)."""
         if fq.waiting == 0:
+            fq.state = _IDLE
             self._forget_if_unused(fq)
             return
         if self.limits.rate > 0.0 and fq.gcra is None:

@@ -239,3 +239,92 @@ def test_gcra_burst_then_sustained_rate() -> None:
     assert not g.conforms(10.0)
     with pytest.raises(InvariantError):
         Gcra(rate=0.0)
+
+
+_LIMITED_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 2), st.sampled_from(["incoming", "deferred"])),
+        st.tuples(st.just("remove"), st.integers(0, 15), st.just("")),
+        st.tuples(st.just("next"), st.booleans(), st.just("")),
+        st.tuples(st.just("release"), st.integers(0, 40), st.just("")),
+        st.tuples(st.just("tick"), st.integers(1, 5), st.just("")),
+    ),
+    max_size=150,
+)
+
+
+@given(
+    _LIMITED_OPS,
+    st.integers(0, 3),
+    st.sampled_from([0.0, 0.5, 2.0]),
+    st.integers(0, 4),
+)
+@settings(max_examples=300, deadline=None)
+def test_with_limits_every_waiting_id_is_admitted_once_and_none_is_stuck(
+    ops: list[tuple[str, int | bool, str]], cap: int, rate: float, backlog: int
+) -> None:
+    """Any mix of adds, removals, admissions, releases and time under per-flow limits: no id
+    is admitted twice or after its removal, caps and counts hold, and once everything
+    admitted is released and time passes, every id still waiting is admitted."""
+    flows = [A, B, C]
+    adm = Admission(FlowLimits(active_limit=cap, rate=rate, burst=2.0, backlog_limit=backlog))
+    now = 0.0
+    waiting: dict[str, Flow] = {}
+    admitted: list[tuple[str, Flow]] = []
+    seen: set[str] = set()
+    made = 0
+
+    def take(got: tuple[str, str, Flow] | None) -> None:
+        if got is None:
+            return
+        queue_id, _source, flow = got
+        assert waiting.pop(queue_id) is flow and queue_id not in seen
+        seen.add(queue_id)
+        admitted.append((queue_id, flow))
+        if cap:
+            assert sum(f is flow for _q, f in admitted) <= cap
+
+    for op, arg, source in ops:
+        if op == "add":
+            queue_id = f"Q{made}"
+            made += 1
+            waiting[queue_id] = flows[int(arg)]
+            adm.add(queue_id, source, flows[int(arg)])
+        elif op == "remove":
+            queue_id = f"Q{arg}"
+            assert adm.remove(queue_id) == (waiting.pop(queue_id, None) is not None)
+        elif op == "next":
+            take(adm.next(bool(arg), now))
+        elif op == "release" and admitted:
+            _queue_id, flow = admitted.pop(int(arg) % len(admitted))
+            adm.release(flow)
+        elif op == "tick":
+            now += float(arg)
+        assert len(adm) == len(waiting)
+        for flow in flows:
+            count = sum(f is flow for f in waiting.values())
+            assert adm.backlog(flow.key) == count
+            assert adm.over_backlog(flow.key) == (backlog > 0 and count >= backlog)
+    for _ in range(4 * len(waiting) + 4):
+        while admitted:
+            adm.release(admitted.pop()[1])
+        deadline = adm.next_deadline()
+        now = max(now, deadline) if deadline is not None else now
+        take(adm.next(True, now))
+    assert not waiting and len(adm) == 0
+    assert adm.backlogs(3) == ()
+
+
+def test_a_capped_flow_emptied_by_removal_is_admitted_again_later() -> None:
+    """Regression: capped, its waiting ids removed, its admitted one released, then new mail:
+    the flow must compete again (not stay held back with nothing left to release it)."""
+    adm = Admission(FlowLimits(active_limit=1))
+    adm.add("A0", "incoming", A)
+    adm.add("A1", "incoming", A)
+    first = adm.next(True, 0.0)
+    assert first is not None and first[0] == "A0"
+    assert adm.next(True, 0.0) is None  # capped
+    adm.remove("A1")
+    adm.release(A)
+    adm.add("A2", "incoming", A)
+    assert adm.next(True, 0.0) == ("A2", "incoming", A)
