@@ -48,6 +48,7 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
@@ -73,6 +74,7 @@ from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.group import ListenerGroup
 from qmgrd.listener.observer import Committed
 from qmgrd.listener.server import bind_listener
@@ -114,7 +116,8 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
-    return Engine(
+    admission = admission_settings(cfg, warn)
+    engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
         scheduler=Scheduler(scheduler_params(cfg), params),
@@ -124,6 +127,8 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.configure_admission(admission)
+    return engine
 
 
 def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
@@ -142,6 +147,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         agents = create_agents(cfg)
+        admission = admission_settings(cfg, lambda text: log.warning(text))
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -154,6 +160,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.configure_admission(admission)
     return cfg
 
 
@@ -256,15 +263,19 @@ class Daemon:
         return {} if self.listeners is None else self.listeners.services
 
     def _committed(self, c: Committed) -> None:
-        """A listener (in process or a worker) committed ``c`` to incoming/."""
-        self.engine.notify_incoming(c.queue_id)
+        """A listener (in process or a worker) committed ``c`` to incoming/ (with its flow)."""
+        self.engine.notify_incoming(c.queue_id, FlowFacts(c.sender, c.client_addr, c.sasl_user))
 
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         settings = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
         if not self.workers:
             self.listeners = await ListenerGroup.start(
-                settings, self.spool, on_commit=self._committed, observer=self.metrics.intake
+                settings,
+                self.spool,
+                on_commit=self._committed,
+                observer=self.metrics.intake,
+                gate=EngineFlowGate(self.engine),
             )
             self._stack.push_async_callback(self._close_listener)
             return

@@ -5,7 +5,8 @@ Contract
 ``await ListenerGroup.start(settings, spool, on_commit=..., observer=...)``
 starts one listener per ``ListenerSettings`` (the main one first, as
 ``qmgrd.listener.services.listener_settings`` returns them); the others share
-the main one's group committer and password pool. ``sockets`` (service name
+the main one's group committer and password pool, and all the ``gate`` (fair
+admission's intake check, ``qmgrd.listener.flowgate``). ``sockets`` (service name
 -> listening sockets) hands over sockets bound elsewhere: a listener worker
 process serves the sockets its parent bound, so every worker accepts on the
 same kernel queue. Without it each listener binds its own addresses
@@ -22,6 +23,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping, Sequence
 
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.server import ACCEPT_BATCH, ListenerHandle, start_listener
 from qmgrd.listener.settings import ListenerSettings
@@ -49,6 +51,7 @@ class ListenerGroup:
         *,
         on_commit: Callable[[Committed], None],
         observer: IntakeObserver = NULL_INTAKE,
+        gate: FlowGate = NULL_GATE,
         sockets: Mapping[str, Sequence[socket.socket]] | None = None,
         accept_batch: int = ACCEPT_BATCH,
     ) -> ListenerGroup:
@@ -63,6 +66,7 @@ class ListenerGroup:
             spool,
             on_commit=on_commit,
             observer=observer,
+            gate=gate,
             sockets=given(main_settings.service),
             accept_batch=accept_batch,
         )
@@ -76,6 +80,7 @@ class ListenerGroup:
                     committer=main.committer,
                     passwords=main.ctx.passwords,
                     observer=observer,
+                    gate=gate,
                     sockets=given(item.service),
                     accept_batch=accept_batch,
                 )

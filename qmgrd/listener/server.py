@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -329,12 +330,14 @@ async def start_listener(
     committer: GroupCommitter | None = None,
     passwords: PasswordChecker | None = None,
     observer: IntakeObserver = NULL_INTAKE,
+    gate: FlowGate = NULL_GATE,
     sockets: Sequence[socket.socket] | None = None,
     accept_batch: int = ACCEPT_BATCH,
 ) -> ListenerHandle:
     """Serve SMTP on the running loop: on ``sockets`` if given, else on ``settings.listen``.
 
     ``on_commit`` runs after each durable commit (the engine's wake-up).
+    ``gate``: fair admission's intake check (``qmgrd.listener.flowgate``).
     ``sockets`` are listening sockets bound elsewhere (``bind_listener`` in
     the daemon's main process, inherited by a listener worker process); the
     handle closes them with the listener. ``accept_batch`` bounds the
@@ -351,6 +354,7 @@ async def start_listener(
         counters=ClientCounters(),
         passwords=passwords or PasswordChecker(),
         observer=observer,
+        gate=gate,
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None
