@@ -142,6 +142,13 @@ class Admission:
         limit = self.limits.backlog_limit
         return limit > 0 and self.backlog(key) >= limit
 
+    def over_backlog_keys(self) -> frozenset[str]:
+        """Every flow key ``over_backlog`` (for listener worker processes' intake gates)."""
+        limit = self.limits.backlog_limit
+        if limit <= 0:
+            return frozenset()
+        return frozenset(k for k, fq in self._flows.items() if fq.waiting >= limit)
+
     def next_deadline(self) -> float | None:
         """When the earliest paced flow may be admitted again (None: no paced flow)."""
         return self._paced[0][0] if self._paced else None

@@ -297,6 +297,7 @@ class Daemon:
             on_lost=self.engine.request_incoming_scan,
             intake=intake if isinstance(intake, IntakeMetrics) else None,
             spool=self.spool,
+            over_backlog=lambda: self.engine.ctx.table.admission.over_backlog_keys(),
         )
         await self.pool.start()  # stops what it started if it fails
         self._stack.push_async_callback(self.pool.stop)

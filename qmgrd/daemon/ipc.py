@@ -18,7 +18,8 @@ characters). Worker to queue manager:
 Queue manager to worker: ``["hup", accepted]`` (SIGHUP: reopen the log file;
 with ``accepted`` true also re-read the configuration, which the queue
 manager has already checked and applied); the worker answers ``["hup-done"]``
-once it has.
+once it has. ``["over", [key, ...]]``: the fair-admission flow keys now over
+``qmgr_flow_backlog_limit`` (sent when the set changes and to a new worker).
 
 Intake metrics cross the channel as counts, not events: a worker's
 :class:`CountingIntake` (the listener's ``IntakeObserver``) adds up its

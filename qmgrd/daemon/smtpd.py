@@ -21,6 +21,9 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   (``QueueIdGenerator``), so processes never draw the same id;
 - reports each durable commit and its intake counts over the channel
   (``qmgrd.daemon.ipc``) and says ``ready`` once it listens;
+- runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
+  flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
+  such flows the queue manager sends (``["over", keys]``) when it changes;
 - on ``hup`` reopens its log file and, when the queue manager accepted the
   reload, re-reads the configuration (a failure keeps the running settings,
   logged); on SIGTERM or end of channel it stops accepting, disconnects its
@@ -46,9 +49,11 @@ from pathlib import Path
 
 from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
+from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
 from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
 from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.errors import ConfigError, QmgrdError
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.group import ListenerGroup
 from qmgrd.listener.observer import Committed
 from qmgrd.listener.services import listener_settings
@@ -95,6 +100,36 @@ def _sockets(specs: Sequence[str]) -> dict[str, list[socket.socket]]:
     return out
 
 
+class WorkerFlowGate:
+    """Fair admission's intake gate in a worker (``qmgrd.listener.flowgate.FlowGate``).
+
+    ``refuse`` answers from the flow keys over their backlog that the queue manager
+    last sent (``over``); ``committed`` does nothing: the commit notice carries the facts.
+    """
+
+    __slots__ = ("_flow_fn", "_limit", "over")
+
+    def __init__(self, cfg: Config) -> None:
+        """The fairness key and backlog limit of ``cfg`` (ConfigError for a bad table)."""
+        settings = admission_settings(cfg)
+        self._flow_fn = settings.flow_fn()
+        self._limit = settings.limits.backlog_limit
+        self.over: frozenset[str] = frozenset()
+
+    def refuse(self, facts: FlowFacts) -> str | None:
+        """``REFUSE_REPLY`` when the flow of ``facts`` is over its backlog limit."""
+        if self._limit <= 0 or not self.over:
+            return None
+        try:
+            key = flow_or_none(self._flow_fn, facts).key
+        except Exception:  # a table that fails must not stop intake
+            return None
+        return REFUSE_REPLY if key in self.over else None
+
+    def committed(self, queue_id: str, facts: FlowFacts) -> None:
+        """Nothing: the commit notice carries the facts."""
+
+
 class Worker:
     """One worker's running state (see the module doc)."""
 
@@ -114,6 +149,7 @@ class Worker:
         self.writer: asyncio.StreamWriter | None = None
         self.intake = CountingIntake(self.send)
         self.group: ListenerGroup | None = None
+        self.gate = WorkerFlowGate(cfg)
 
     def send(self, data: bytes) -> None:
         """Queue one message to the queue manager (dropped once the channel is closed)."""
@@ -137,6 +173,7 @@ class Worker:
             self.spool,
             on_commit=self.committed,
             observer=self.intake,
+            gate=self.gate,
             sockets=_sockets(self.args.listen),
             accept_batch=WORKER_ACCEPT_BATCH,
         )
@@ -161,7 +198,9 @@ class Worker:
                 except ValueError as exc:
                     self.log.error("bad message from the queue manager", error=str(exc))
                     continue
-                if fields[0] == "hup":
+                if fields[0] == "over":
+                    self.gate.over = frozenset(str(k) for k in fields[1])
+                elif fields[0] == "hup":
                     reopen_logs()
                     if len(fields) > 1 and fields[1] is True:
                         self.reload()
@@ -175,10 +214,16 @@ class Worker:
         try:
             cfg = load_config(self.args.config_dir)
             settings = listener_settings(cfg, cleanup=CleanupSettings.from_config(cfg))
+            gate = WorkerFlowGate(cfg)
         except (ConfigError, ValueError) as exc:
             self.log.error(f"reload refused, keeping the running configuration: {exc}")
             return
         self.cfg = cfg
+        gate.over = self.gate.over
+        self.gate = gate  # new sessions; the group's listeners keep the context's gate
+        if self.group is not None:
+            for handle in (self.group.main, *self.group.services.values()):
+                handle.ctx.gate = gate
         if self.group is not None:
             self.group.update(settings)
 

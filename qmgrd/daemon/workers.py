@@ -37,6 +37,10 @@ waiting in the queue.
   disconnect clients and finish queued commits), reads their channels to the
   end (so every commit notice reaches the queue manager), waits ``STOP_WAIT``
   seconds, SIGKILLs what is left, then closes the listening sockets.
+- Fair admission: every ``OVER_REFRESH`` seconds ``over_backlog()`` (the flow
+  keys over ``qmgr_flow_backlog_limit``) is compared with what the workers
+  have; a change is sent to all (``["over", keys]``), and the current set to
+  a worker that starts.
 - ``pids`` and ``sessions`` show the live workers (control and tests).
 """
 
@@ -55,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config
-from qmgrd.daemon.ipc import apply_counts, commit_from, parse
+from qmgrd.daemon.ipc import apply_counts, commit_from, encode, parse
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.errors import ConfigError, SpoolError
 from qmgrd.listener.observer import Committed
@@ -71,6 +75,7 @@ STABLE = 30.0  # a worker that lived this long failed "slowly": back-off starts 
 START_WAIT = 60.0  # seconds a worker may take to listen
 STOP_WAIT = 20.0  # seconds workers get to stop after SIGTERM (sessions get 10 s of it)
 HUP_WAIT = 10.0  # seconds a reload waits for the workers to apply it
+OVER_REFRESH = 0.25  # seconds between looks at the flows over their backlog limit
 _READ_LIMIT = 1 << 20  # longest channel line
 
 
@@ -113,6 +118,7 @@ class WorkerPool:
         on_lost: Callable[[], None],
         intake: IntakeMetrics | None = None,
         spool: Spool,
+        over_backlog: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         """Prepare ``count`` workers serving ``sockets`` (nothing runs before ``start``)."""
         self.config_dir = config_dir
@@ -122,6 +128,9 @@ class WorkerPool:
         self.on_lost = on_lost
         self.intake = intake
         self.spool = spool
+        self.over_backlog = over_backlog
+        self._over: frozenset[str] = frozenset()
+        self._refresh: asyncio.Task[None] | None = None
         self.workers: dict[int, _Worker] = {}
         self.log = get_logger("master")
         self._stopping = False
@@ -148,6 +157,7 @@ class WorkerPool:
                 for worker in list(self.workers.values()):
                     await worker.ready
             self._started = True
+            self._refresh = asyncio.get_running_loop().create_task(self._refresh_over())
         except BaseException:
             await self.stop()
             raise
@@ -251,6 +261,8 @@ class WorkerPool:
             elif kind == "ready":
                 if not worker.ready.done():
                     worker.ready.set_result(None)
+                if self._over:
+                    worker.writer.write(encode("over", sorted(self._over)))
             else:
                 raise ValueError(f"unknown notify message {kind!r}")
         except (ValueError, TypeError, IndexError) as exc:
@@ -262,6 +274,23 @@ class WorkerPool:
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "listener worker message failed", "exception": exc}
             )
+
+    async def _refresh_over(self) -> None:
+        """Send the flows over their backlog to every worker when that set changes.
+
+        A cache in other processes, so it is looked at every ``OVER_REFRESH``
+        seconds (a set of flow keys; a stale answer delays or lets through one
+        message, ``qmgrd.listener.flowgate``).
+        """
+        while True:
+            await asyncio.sleep(OVER_REFRESH)
+            over = self.over_backlog()
+            if over != self._over:
+                self._over = over
+                message = encode("over", sorted(over))
+                for worker in self.workers.values():
+                    if not worker.writer.is_closing():
+                        worker.writer.write(message)
 
     def hup(self, accepted: bool) -> list[asyncio.Future[None]]:
         """SIGHUP: every worker reopens its log, and re-reads the configuration if ``accepted``.
@@ -289,6 +318,8 @@ class WorkerPool:
         self._stopping = True
         for task in list(self._restarts):
             task.cancel()
+        if self._refresh is not None:
+            self._refresh.cancel()
         workers = list(self.workers.values())
         for worker in workers:
             _signal(worker.proc, signal.SIGTERM)

@@ -14,15 +14,17 @@ import contextlib
 import os
 import signal
 import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiosmtplib
 import pytest
 
+from qmgrd.daemon.admitting import REFUSE_REPLY
 from qmgrd.spool import QueueIdGenerator, Spool
 from qmgrd.spool.records import Envelope, RecipientSpec
-from tests.integration.sinks import SinkServer, smtp_sink
+from tests.integration.e2e import commit, offline_spool
+from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
 from tests.support.config import free_port, write_config
 from tests.support.process import DaemonProcess
 from tests.support.waits import wait_until
@@ -107,11 +109,16 @@ def _stopped(pids: list[int]) -> Iterator[None]:
 
 
 @contextlib.asynccontextmanager
-async def _relay(tmp_path: Path, workers: int, extra: str = "") -> AsyncIterator[
-    tuple[Relay, SinkServer]
-]:
-    async with smtp_sink() as sink:
+async def _relay(
+    tmp_path: Path,
+    workers: int,
+    extra: str = "",
+    sink_config: SinkConfig | None = None,
+    queued: Callable[[Path], None] = lambda _conf: None,
+) -> AsyncIterator[tuple[Relay, SinkServer]]:
+    async with smtp_sink(sink_config) as sink:
         relay = Relay(tmp_path, sink, workers, extra)
+        queued(relay.conf)
         try:
             relay.proc.start()
             await asyncio.to_thread(relay.proc.wait_ready, TIMEOUT)
@@ -279,3 +286,54 @@ def test_a_bad_worker_count_stops_the_start(tmp_path: Path, value: str) -> None:
         proc.wait_for("smtpd_worker_processes")
     finally:
         proc.close()
+
+
+async def test_fair_admission_refuses_a_flow_over_its_backlog_in_every_worker(
+    tmp_path: Path,
+) -> None:
+    """qmgr_flow_backlog_limit with workers: the queue manager sends the flows over their
+    backlog to the workers; each refuses MAIL FROM of that flow (452 4.3.2) and accepts
+    another sender."""
+
+    def queue_backlog(conf: Path) -> None:  # one to deliver (held by the sink), 3 waiting
+        spool = offline_spool(conf)
+        for i in range(4):
+            commit(spool, "a@a.test", [f"a{i}@dst.test"], arrival_time=1e9)
+
+    async with _relay(
+        tmp_path,
+        2,
+        "default_fairness_key = sender_domain\n"
+        "qmgr_message_active_limit = 1\n"
+        "qmgr_flow_backlog_limit = 3\n",
+        SinkConfig(stall=frozenset({"MAIL"})),
+        queue_backlog,
+    ) as (relay, sink):
+        await sink.wait_stalled("MAIL", 1, TIMEOUT)
+        workers = relay.proc.children()
+        for pid in workers:
+            with _stopped([w for w in workers if w != pid]):
+                await _wait_refused(relay)
+                async with aiosmtplib.SMTP(
+                    hostname="127.0.0.1", port=relay.port, timeout=TIMEOUT
+                ) as client:
+                    await client.ehlo()
+                    assert (await client.execute_command(b"MAIL", b"FROM:<b@b.test>")).code == 250
+            assert f"qmgrd/smtpd[{pid}]: connect from" in relay.log()
+        sink.release()
+
+
+async def _wait_refused(relay: Relay) -> None:
+    """MAIL FROM of the a.test flow is refused by the running worker once the set of flows
+    over their backlog reached it (another process's state: polled, bounded in count)."""
+    for _ in range(200):
+        async with aiosmtplib.SMTP(
+            hostname="127.0.0.1", port=relay.port, timeout=TIMEOUT
+        ) as client:
+            await client.ehlo()
+            reply = await client.execute_command(b"MAIL", b"FROM:<other@A.test>")
+        if reply.code == 452:
+            assert reply.message == REFUSE_REPLY[4:]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("MAIL FROM of the flow over its backlog was never refused")
