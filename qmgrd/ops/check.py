@@ -49,6 +49,7 @@ from qmgrd.daemon.settings import (
     scheduler_params,
     transport_params_fn,
 )
+from qmgrd.daemon.workers import worker_count
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerSettings
 
@@ -106,6 +107,13 @@ def _check_listener(cfg: Config, found: Findings) -> None:
         f"listener: SMTP on {listen}; relaying for mynetworks = "
         f"{' '.join(cfg.get_list('mynetworks'))}; SMTP AUTH {auth}"
     )
+    workers = found.attempt("", lambda: worker_count(cfg))
+    if isinstance(workers, int):
+        found.facts.append(
+            f"processes: {workers} SMTP listener processes (qmgrd-smtpd) and the queue manager"
+            if workers > 1
+            else "processes: one; the SMTP listener runs in the queue manager's process"
+        )
 
 
 def _check_transports(cfg: Config, found: Findings) -> None:

@@ -64,6 +64,7 @@ def test_production_example_passes_and_says_what_would_run(tmp_path: Path) -> No
         out
     )
     assert "routing: default_transport = smtp; relayhost = [smtp.example.net]:587" in out
+    assert "processes: " in out  # smtpd_worker_processes = auto: as many as the cores
     assert "logs: the journal under systemd" in out and "as qmgrd/<component>" in out
     assert f"spool: {tmp_path / 'spool'} (owner " in out
     assert out.endswith("qmgrd: check passed\n")
@@ -216,3 +217,23 @@ def test_several_errors_are_all_reported(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.count("qmgrd: error: ") == 2
     assert proc.stderr.endswith("qmgrd: check failed: 2 errors\n")
+
+
+@pytest.mark.parametrize(
+    ("value", "fact"),
+    [
+        ("3", "processes: 3 SMTP listener processes (qmgrd-smtpd) and the queue manager"),
+        ("1", "processes: one; the SMTP listener runs in the queue manager's process"),
+    ],
+)
+def test_check_names_the_listener_processes(tmp_path: Path, value: str, fact: str) -> None:
+    """smtpd_worker_processes: how many processes would run."""
+    proc = _check(_config(tmp_path, f"smtpd_worker_processes = {value}\n"))
+    assert proc.returncode == 0, proc.stderr
+    assert fact in proc.stdout
+
+
+def test_check_refuses_a_bad_worker_count(tmp_path: Path) -> None:
+    """smtpd_worker_processes must be auto or a number: one error naming it."""
+    proc = _check(_config(tmp_path, "smtpd_worker_processes = many\n"))
+    _assert_error(proc, "smtpd_worker_processes")
