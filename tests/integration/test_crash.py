@@ -1,6 +1,7 @@
 """Crash safety under load: SIGKILL the daemon again and again while it accepts and delivers.
 
-The daemon runs as a subprocess (``qmgrd -c DIR run``) and relays to three
+The daemon runs as a subprocess (``qmgrd -c DIR run``, with two listener worker
+processes: a SIGKILL of the queue manager takes them with it) and relays to three
 sinks in a process of their own (``sinkproc.py``), which log every delivered
 (Message-ID, recipient) and answer ``450`` once to ``later*`` recipients, so
 messages also go through ``deferred/``. Eight SMTP clients inject 2,000
