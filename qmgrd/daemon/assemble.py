@@ -42,6 +42,7 @@ from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
+from qmgrd.daemon.workpool import WorkPool
 from qmgrd.daemon.metrics import (
     Metrics,
     spool_oldest_ages,
@@ -166,6 +167,8 @@ class Daemon:
             queue_ages_fn=lambda: spool_oldest_ages(self.spool, self.clock.now()),
         )
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
+        self.workpool = WorkPool()  # regulator: the spool's blocking work (qmgrd.daemon.workpool)
+        self.engine.ctx.io.pool = self.workpool
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
         self.cleanup = CleanupSettings.from_config(cfg)
@@ -194,6 +197,7 @@ class Daemon:
         """Start every part in order; with ``listen`` False, no SMTP listener (tests)."""
         self.spool.ensure_dirs()
         self.pickup.ensure_dir()
+        self._stack.callback(self.workpool.close)  # regulator: last to stop
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
@@ -226,6 +230,7 @@ class Daemon:
         self.listener = await start_listener(
             main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
         )
+        self.listener.committer.pool = self.workpool  # regulator: fsync batches on the pool
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
             handle = await start_listener(
