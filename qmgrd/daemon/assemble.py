@@ -42,7 +42,6 @@ from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
-from qmgrd.daemon.workpool import WorkPool
 from qmgrd.daemon.metrics import (
     Metrics,
     spool_oldest_ages,
@@ -57,6 +56,7 @@ from qmgrd.daemon.settings import (
     scheduler_params,
     transport_params_fn,
 )
+from qmgrd.daemon.workpool import WorkPool
 from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
