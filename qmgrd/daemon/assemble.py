@@ -41,6 +41,7 @@ from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
     Metrics,
@@ -169,6 +170,7 @@ class Daemon:
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
         self.workpool = WorkPool()  # regulator: the spool's blocking work (qmgrd.daemon.workpool)
         self.engine.ctx.io.pool = self.workpool
+        self.intake = intake_regulator(cfg, self.engine, self.metrics, self.workpool)  # regulator
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
         self.cleanup = CleanupSettings.from_config(cfg)
@@ -198,6 +200,8 @@ class Daemon:
         self.spool.ensure_dirs()
         self.pickup.ensure_dir()
         self._stack.callback(self.workpool.close)  # regulator: last to stop
+        self.intake.start()
+        self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
@@ -231,6 +235,7 @@ class Daemon:
             main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
         )
         self.listener.committer.pool = self.workpool  # regulator: fsync batches on the pool
+        self.listener.ctx.gate = self.intake.gate
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
             handle = await start_listener(
@@ -241,6 +246,7 @@ class Daemon:
                 passwords=self.listener.ctx.passwords,
                 observer=self.metrics.intake,
             )
+            handle.ctx.gate = self.intake.gate  # regulator
             self.services[settings.service] = handle
 
     async def _started(self) -> None:
@@ -284,6 +290,7 @@ class Daemon:
         if new_cfg is None:
             return False
         self.cfg = new_cfg
+        self.intake.configure(FlowSettings.from_config(new_cfg))  # regulator
         self.cleanup = cleanup
         self.pickup.settings = cleanup
         if self.listener is not None and listeners is not None:

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
+from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -173,6 +174,11 @@ class ListenerHandle:
                 smtpd_session_limit=min(settings.session_limit, self._fd_cap),
             )
             _refuse(conn, "421 4.3.2 Service currently unavailable")
+            self.ctx.observer.rejected("limits")
+            return
+        if not self.ctx.gate.admit_session():  # regulator: over capacity (qmgrd.listener.inflow)
+            log.warning("over capacity: connection refused", client=client)
+            _refuse(conn, OVERLOAD_REPLY)
             self.ctx.observer.rejected("limits")
             return
         limit = settings.client_connection_limit
