@@ -101,18 +101,21 @@ class LoopLag:
         self._handle = self._loop.call_later(self.interval, self._tick)
 
     def _tick(self) -> None:
-        lag = max(0.0, self._clock() - self._due)
+        self.observe(max(0.0, self._clock() - self._due))
+        self._schedule()
+
+    def observe(self, lag: float) -> None:
+        """Record one sample (the timer's; tests feed their own)."""
         self.last = lag
         self.average += (lag - self.average) * self._alpha
         self.samples.append(lag)
         if self.histogram is not None:
             self.histogram.observe(lag)
-        self._schedule()
 
     def now(self) -> float:
         """The lag at this moment (the moving average, or how overdue the next sample is)."""
         if self._handle is None:
-            return 0.0
+            return self.average
         return max(self.average, self._clock() - self._due)
 
     def stop(self) -> None:
