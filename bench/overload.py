@@ -19,7 +19,7 @@ shape), in two phases:
    at once: beyond that a session is counted as ``capped``, not started).
 
 Printed: the peak rate; the delivered rate under overload and its ratio to
-the peak; the relay's event-loop lag p50/p99 during the overload (from its
+the peak; the relay's event-loop lag p50/p99 at peak and during the overload (from its
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
 the control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
@@ -311,9 +311,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak_thread.join()
             t2, m2 = time.monotonic(), scrape(metrics_port)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
+            q50, q99, n = lag_quantiles(m1, m2)
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
+            )
+            print(
+                f"event-loop lag at peak: p50 {q50 * 1000:.1f} ms, "
+                f"p99 {q99 * 1000:.1f} ms ({n} samples)"
             )
             rate = args.factor * peak
             print(
