@@ -749,7 +749,7 @@ _TABLE: tuple[Param, ...] = (
     Param(
         "in_flow_backlog_limit",
         _I,
-        "10000",
+        "1000",
         "messages the queue manager holds (active plus waiting to be loaded) at which new "
         "SMTP sessions and MAIL get 421 4.3.2 Service currently unavailable (0 = no limit)",
         minimum=0,

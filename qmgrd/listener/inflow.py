@@ -8,7 +8,8 @@ questions, each a one-line hook:
 
 - ``admit_session()`` at accept (``server._admit``): False means over
   capacity; the client gets ``421 4.3.2 Service currently unavailable``
-  (Postfix's code and wording) and is closed before a session exists;
+  (Postfix's code and wording) and is closed before a session exists; the
+  log line counts refusals, at most one line a second (``note_refusals``);
 - ``await admit_message()`` at MAIL (``commands.mail``): first the same
   capacity check (False: ``421 4.3.2 ...`` and the session ends), then
   ``in_flow_delay``: the session takes one token; with none available it
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
@@ -47,6 +49,7 @@ __all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "TokenGate"]
 
 OVERLOAD_REPLY = "421 4.3.2 Service currently unavailable"
 _READ_MAX = 4096  # bytes (tokens) taken from the pipe per wake-up at most
+_NOTE_INTERVAL = 1.0  # seconds between log lines about refusals
 
 
 class IntakeGate(Protocol):
@@ -54,6 +57,10 @@ class IntakeGate(Protocol):
 
     def admit_session(self) -> bool:
         """False: over capacity, refuse the connection with ``OVERLOAD_REPLY``."""
+        ...
+
+    def note_refusals(self) -> int:
+        """How many refusals to report in a log line now (0: none, rate-limited)."""
         ...
 
     async def admit_message(self) -> bool:
@@ -74,6 +81,10 @@ class _OpenGate:
         """Always, without a pause."""
         return True
 
+    def note_refusals(self) -> int:
+        """Never any."""
+        return 0
+
 
 OPEN_GATE: IntakeGate = _OpenGate()
 
@@ -82,8 +93,11 @@ class TokenGate:
     """Tokens from the queue manager's pipe, capacity from ``overloaded`` (module doc)."""
 
     __slots__ = (
+        "_clock",
         "_loop",
+        "_noted",
         "_reading",
+        "_unnoted",
         "_waiters",
         "delay",
         "fd",
@@ -94,10 +108,18 @@ class TokenGate:
     )
 
     def __init__(
-        self, fd: int, *, delay: float, overloaded: Callable[[], bool] = lambda: False
+        self,
+        fd: int,
+        *,
+        delay: float,
+        overloaded: Callable[[], bool] = lambda: False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``fd``: the pipe's read end (made non-blocking here); ``delay``: in_flow_delay."""
         os.set_blocking(fd, False)
+        self._clock = clock
+        self._noted = -_NOTE_INTERVAL  # when the last refusal was logged
+        self._unnoted = 0  # refusals since
         self.fd = fd
         self.delay = delay
         self.overloaded = overloaded
@@ -112,8 +134,21 @@ class TokenGate:
         """False (counted) when over capacity."""
         if self.overloaded():
             self.refused += 1
+            self._unnoted += 1
             return False
         return True
+
+    def note_refusals(self) -> int:
+        """Refusals to log now: all since the last line, at most one line per second; else 0.
+
+        Under overload hundreds of connections a second are refused; one log
+        line each would spend the CPU the refusals are meant to save.
+        """
+        now = self._clock()
+        if not self._unnoted or now - self._noted < _NOTE_INTERVAL:
+            return 0
+        count, self._unnoted, self._noted = self._unnoted, 0, now
+        return count
 
     async def admit_message(self) -> bool:
         """Capacity first, then a token (waiting at most ``delay``); see the module doc."""

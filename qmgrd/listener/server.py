@@ -177,7 +177,8 @@ class ListenerHandle:
             self.ctx.observer.rejected("limits")
             return
         if not self.ctx.gate.admit_session():  # regulator: over capacity (qmgrd.listener.inflow)
-            log.warning("over capacity: connection refused", client=client)
+            if count := self.ctx.gate.note_refusals():
+                log.warning("over capacity: connections refused", client=client, count=count)
             _refuse(conn, OVERLOAD_REPLY)
             self.ctx.observer.rejected("limits")
             return

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from qmgrd.listener.inflow import OPEN_GATE, TokenGate
+from tests.support.clock import FakeClock
 
 
 @pytest.fixture
@@ -94,3 +95,18 @@ async def test_overloaded_refuses_sessions_and_messages(pipe: tuple[int, int]) -
     over[0] = False
     assert gate.admit_session()
     assert await gate.admit_message()
+
+
+def test_refusals_are_logged_at_most_once_a_second(pipe: tuple[int, int]) -> None:
+    """``note_refusals`` reports the count since the last line, then nothing for a second."""
+    r, _w = pipe
+    clock = FakeClock(0.0)
+    gate = TokenGate(r, delay=1, overloaded=lambda: True, clock=clock)
+    assert gate.note_refusals() == 0  # nothing refused yet
+    assert not gate.admit_session()
+    assert gate.note_refusals() == 1
+    for _ in range(5):
+        assert not gate.admit_session()
+    assert gate.note_refusals() == 0  # within the second
+    clock.advance(1.0)
+    assert gate.note_refusals() == 5
