@@ -21,7 +21,9 @@ shape), in two phases:
 Printed: the peak rate; the delivered rate under overload and its ratio to
 the peak; the relay's event-loop lag p50/p99 at peak and during the overload (from its
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
-the control socket's round trip (a ``ping`` every 0.2 s during the
+the relay's CPU use in both phases (share of a core, CPU ms per delivered
+message: tells a relay that got less CPU from one that wasted it); the
+control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
 refused with 421 4.3.2, other replies, timeouts, capped. After the
 overload the bench waits for the queue to drain and prints delivered vs
@@ -47,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
+from bench.procwatch import sample
 from qmgrd.daemon.control import control_socket_path
 from qmgrd.daemon.looplag import quantile
 from qmgrd.ops.client import call
@@ -274,6 +277,21 @@ def start_relay(
     return proc
 
 
+def _ping(when: str, probe: ControlProbe) -> None:
+    times = probe.times
+    print(
+        f"control socket ping {when}: p50 {quantile(times, 0.5) * 1000:.1f} ms, p99 "
+        f"{quantile(times, 0.99) * 1000:.1f} ms, max {max(times, default=0) * 1000:.1f}"
+        f" ms ({len(times)} probes, {probe.failures} failed)"
+    )
+
+
+def relay_cpu(pid: int) -> float:
+    """The relay process's CPU seconds so far (its threads included)."""
+    got = sample(pid)
+    return got.cpu if got is not None else 0.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both phases and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -307,11 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak_counts: dict[str, int] = {}
             peak_thread.start()
             time.sleep(warm)
-            t1, m1 = time.monotonic(), scrape(metrics_port)
-            peak_thread.join()
-            t2, m2 = time.monotonic(), scrape(metrics_port)
+            with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
+                t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                peak_thread.join()
+                t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
             q50, q99, n = lag_quantiles(m1, m2)
+            print(
+                f"relay CPU at peak: {(c2 - c1) / (t2 - t1):.0%} of a core, "
+                f"{(c2 - c1) * 1000 / max(1.0, sent(m2) - sent(m1)):.2f} ms per delivered message"
+            )
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
@@ -320,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"event-loop lag at peak: p50 {q50 * 1000:.1f} ms, "
                 f"p99 {q99 * 1000:.1f} ms ({n} samples)"
             )
+            _ping("at peak", peak_probe)
             rate = args.factor * peak
             print(
                 f"overload: offering {rate:.0f} sessions/s ({args.factor:g}x) for "
@@ -333,24 +357,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                         run_generator(port, "open", rate, args.duration, args.outstanding)
                     )
                 )
-                t3, m3 = time.monotonic(), scrape(metrics_port)
+                t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 gen.start()
                 time.sleep(args.duration)
-                t4, m4 = time.monotonic(), scrape(metrics_port)
+                t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             p50, p99, samples = lag_quantiles(m3, m4)
-            times = probe.times
+            print(
+                f"relay CPU under overload: {(c4 - c3) / (t4 - t3):.0%} of a core, "
+                f"{(c4 - c3) * 1000 / max(1.0, sent(m4) - sent(m3)):.2f} ms per delivered message"
+            )
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
             print(
                 f"event-loop lag during overload: p50 {p50 * 1000:.1f} ms, p99 "
                 f"{p99 * 1000:.1f} ms ({samples} samples)"
             )
-            print(
-                f"control socket ping: p50 {quantile(times, 0.5) * 1000:.1f} ms, p99 "
-                f"{quantile(times, 0.99) * 1000:.1f} ms, max {max(times, default=0) * 1000:.1f}"
-                f" ms ({len(times)} probes, {probe.failures} failed)"
-            )
+            _ping("under overload", probe)
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "
                 f"{over_counts.get('accepted', 0)}, 421 {over_counts.get('refused', 0)}, other "
