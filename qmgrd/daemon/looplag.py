@@ -12,7 +12,10 @@ delivery's next step, the control socket's answer.
   average (time constant ``SMOOTHING``, so one garbage-collection pause does
   not count as overload), or, if the next sample is overdue, how overdue it
   is (a loop stuck in one long callback reads as lagging at once);
-- ``samples``: the most recent samples (bounded) for quantiles;
+- ``samples``: the most recent samples (bounded) for quantiles; a stall
+  that delayed one sample by L also records the L/interval samples it hid
+  (each as late as it would have been), so quantiles weigh time, not ticks
+  (no coordinated omission);
 - ``histogram``: ``qmgrd_event_loop_lag_seconds`` in the registry given
   (the daemon's metrics), every sample observed.
 
@@ -34,6 +37,7 @@ __all__ = ["LAG_BUCKETS", "SMOOTHING", "LoopLag", "quantile"]
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 _KEEP = 12000  # samples kept for quantiles (two minutes at the default interval)
 SMOOTHING = 0.1  # seconds: time constant of the moving average now() reports
+_MAX_BACKFILL = 1000  # samples recorded for the ticks one stall hid, at most
 
 
 def quantile(samples: list[float], q: float) -> float:
@@ -101,7 +105,17 @@ class LoopLag:
         self._handle = self._loop.call_later(self.interval, self._tick)
 
     def _tick(self) -> None:
-        self.observe(max(0.0, self._clock() - self._due))
+        lag = max(0.0, self._clock() - self._due)
+        self.observe(lag)
+        # A stall of L seconds delays one sample by L but hides the L/interval samples
+        # that would have been taken meanwhile (coordinated omission): record them
+        # too, each as late as it would have been, so quantiles weigh time, not ticks.
+        missed = lag - self.interval
+        for _ in range(_MAX_BACKFILL):
+            if missed <= 0:
+                break
+            self.observe(missed)
+            missed -= self.interval
         self._schedule()
 
     def observe(self, lag: float) -> None:

@@ -144,3 +144,16 @@ async def test_metrics_export_refusals_pauses_tokens_and_workers() -> None:
     finally:
         reg.stop()
         pool.close()
+
+
+async def test_a_stall_records_the_samples_it_hid() -> None:
+    """A 50 ms stall with 10 ms ticks counts as five late samples (50, 40, 30, 20, 10 ms)."""
+    clock = FakeClock(0.0)
+    lag = LoopLag(interval=0.01, clock=clock)
+    lag.start()
+    try:
+        clock.advance(0.06)  # due at 0.01, ran at 0.06: 50 ms late
+        lag._tick()
+        assert [round(s, 3) for s in lag.samples] == [0.05, 0.04, 0.03, 0.02, 0.01]
+    finally:
+        lag.stop()
