@@ -248,6 +248,8 @@ class Daemon:
             )
             handle.ctx.gate = self.intake.gate  # regulator
             self.services[settings.service] = handle
+        handles = [self.listener, *self.services.values()]  # regulator: the session cap's count
+        self.intake.sessions = lambda: sum(h.ctx.counters.total for h in handles)
 
     async def _started(self) -> None:
         """Wait for the engine's startup recovery (or its failure, which is then raised)."""

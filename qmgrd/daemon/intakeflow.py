@@ -24,6 +24,11 @@ listeners run out of tokens and each new message waits up to
 ``in_flow_delay`` -- inflow is paced to the queue manager's outflow plus
 ``limit`` messages per ``in_flow_delay`` at most, as in Postfix.
 
+New sessions are also held to a cap learned from the loop's lag
+(``qmgrd.core.sessioncap``, updated every tick): past ``in_flow_lag_limit``
+it drops to three quarters of the live sessions, and grows back while the
+loop keeps up. Sessions over the cap get 421 4.3.2 at connect.
+
 Capacity (:meth:`IntakeRegulator.overloaded`, the 421 4.3.2 refusals) is
 measured, not guessed; the relay is over capacity when either
 
@@ -53,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from qmgrd.config import Config
+from qmgrd.core.sessioncap import SessionCap
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.looplag import LoopLag
 from qmgrd.daemon.metrics import Metrics
@@ -68,7 +74,7 @@ __all__ = [
     "refill",
 ]
 
-REFILL_INTERVAL = 0.25  # seconds between refill ticks (and shared-flag updates)
+REFILL_INTERVAL = 0.1  # seconds between ticks: refill, shared flag, session cap
 
 
 def refill(have: int, limit: int, *, behind: bool, moved: int) -> int:
@@ -141,6 +147,7 @@ class FlowSettings:
     backlog_limit: int = 0  # in_flow_backlog_limit; 0 = none
     lag_limit: float = 0.0  # in_flow_lag_limit, in seconds; 0 = none
     token_limit: int = 100  # default_process_limit
+    session_limit: int = 1000  # smtpd_session_limit: the session cap's ceiling
 
     @classmethod
     def from_config(cls, cfg: Config) -> FlowSettings:
@@ -150,6 +157,7 @@ class FlowSettings:
             backlog_limit=cfg.get_int("in_flow_backlog_limit"),
             lag_limit=cfg.get_int("in_flow_lag_limit") / 1000.0,
             token_limit=cfg.get_int("default_process_limit"),
+            session_limit=cfg.get_int("smtpd_session_limit"),
         )
 
 
@@ -173,6 +181,9 @@ class IntakeRegulator:
         self.flag = SharedFlag()
         self.gate = TokenGate(self.pipe.read_fd, delay=settings.in_flow_delay)
         self.gate.overloaded = self.overloaded
+        self.gate.session_full = self.session_full
+        self.cap = SessionCap(ceiling=settings.session_limit, lag_limit=settings.lag_limit)
+        self.sessions: Callable[[], int] = lambda: 0  # live SMTP sessions (set by the daemon)
         self._moved = 0
         self._tick: asyncio.TimerHandle | None = None
         self.pipe.put(settings.token_limit)
@@ -181,6 +192,7 @@ class IntakeRegulator:
         """Reload: new limits apply to the next check, the new delay to the next message."""
         self.settings = settings
         self.gate.delay = settings.in_flow_delay
+        self.cap.configure(settings.session_limit, settings.lag_limit)
 
     def overloaded(self) -> bool:
         """Over capacity now (module doc): backlog at its limit or the loop lagging."""
@@ -188,6 +200,10 @@ class IntakeRegulator:
         if s.backlog_limit and self.backlog() >= s.backlog_limit:
             return True
         return s.lag_limit > 0 and self.lag.now() > s.lag_limit
+
+    def session_full(self) -> bool:
+        """The learned session cap is reached (``qmgrd.core.sessioncap``)."""
+        return not self.cap.admits(self.sessions())
 
     def incoming_moved(self) -> None:
         """The queue manager moved a message out of ``incoming/`` (the loader's hook)."""
@@ -206,6 +222,7 @@ class IntakeRegulator:
     def _on_tick(self) -> None:
         s = self.settings
         self._refill()
+        self.cap.update(self.lag.clock(), self.lag.now(), self.sessions())
         self.flag.set(bool(s.backlog_limit) and self.backlog() >= s.backlog_limit)
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
@@ -246,6 +263,12 @@ class FlowCollector(Collector):
         )
         paused.add_metric(("token",), gate.paused - gate.timeouts)
         paused.add_metric(("timeout",), gate.timeouts)
+        cap = GaugeMetricFamily(
+            "qmgrd_intake_session_cap",
+            "Sessions admitted at most now: learned from the event loop's lag "
+            "(in_flow_lag_limit), at most smtpd_session_limit.",
+        )
+        cap.add_metric((), self.regulator.cap.limit)
         tokens = GaugeMetricFamily(
             "qmgrd_intake_flow_tokens", "in_flow_delay tokens in the pipe now."
         )
@@ -260,7 +283,7 @@ class FlowCollector(Collector):
             workers.add_metric((state,), getattr(counts, state))
         queued = GaugeMetricFamily("qmgrd_workpool_queued", "Spool jobs waiting for a thread.")
         queued.add_metric((), counts.queued)
-        yield from (refused, paused, tokens, workers, queued)
+        yield from (refused, paused, cap, tokens, workers, queued)
 
 
 def intake_regulator(

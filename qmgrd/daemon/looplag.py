@@ -126,6 +126,10 @@ class LoopLag:
         if self.histogram is not None:
             self.histogram.observe(lag)
 
+    def clock(self) -> float:
+        """The clock the samples are taken with."""
+        return self._clock()
+
     def now(self) -> float:
         """The lag at this moment (the moving average, or how overdue the next sample is)."""
         if self._handle is None:

@@ -7,9 +7,11 @@ The listener asks an :class:`IntakeGate` (``ListenerContext.gate``;
 questions, each a one-line hook:
 
 - ``admit_session()`` at accept (``server._admit``): False means over
-  capacity; the client gets ``421 4.3.2 Service currently unavailable``
-  (Postfix's code and wording) and is closed before a session exists; the
-  log line counts refusals, at most one line a second (``note_refusals``);
+  capacity or at the session cap (``qmgrd.core.sessioncap``: the sessions
+  this process's loop serves without lagging); the client gets
+  ``421 4.3.2 Service currently unavailable`` (Postfix's code and
+  wording) and is closed before a session exists; the log line counts
+  refusals, at most one line a second (``note_refusals``);
 - ``await admit_message()`` at MAIL (``commands.mail``): first the same
   capacity check (False: ``421 4.3.2 ...`` and the session ends), then
   ``in_flow_delay``: the session takes one token; with none available it
@@ -30,7 +32,9 @@ process (``qmgrd.daemon.intakeflow`` is the queue manager's side):
 2. ``overloaded()``, a callable answering whether the relay is over
    capacity now (in one process a closure over the queue manager's state
    and this loop's lag; in a worker, over a shared flag the queue manager
-   sets, ``intakeflow.SharedFlag``, and that worker's own loop lag).
+   sets, ``intakeflow.SharedFlag``, and that worker's own loop lag);
+3. ``session_full()``, a callable: this process's session cap, learned from
+   its own loop's lag and its own live sessions (nothing shared).
 
 Nothing else crosses. Waiting sessions are woken by one reader callback on
 the pipe (one per gate, not per session), oldest first.
@@ -104,6 +108,7 @@ class TokenGate:
         "overloaded",
         "paused",
         "refused",
+        "session_full",
         "timeouts",
     )
 
@@ -113,6 +118,7 @@ class TokenGate:
         *,
         delay: float,
         overloaded: Callable[[], bool] = lambda: False,
+        session_full: Callable[[], bool] = lambda: False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``fd``: the pipe's read end (made non-blocking here); ``delay``: in_flow_delay."""
@@ -123,6 +129,7 @@ class TokenGate:
         self.fd = fd
         self.delay = delay
         self.overloaded = overloaded
+        self.session_full = session_full
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reading = False
@@ -131,12 +138,15 @@ class TokenGate:
         self.refused = 0  # sessions and messages refused with 421 4.3.2
 
     def admit_session(self) -> bool:
-        """False (counted) when over capacity."""
-        if self.overloaded():
-            self.refused += 1
-            self._unnoted += 1
+        """False (counted) when over capacity or at this process's session cap."""
+        if self.overloaded() or self.session_full():
+            self._refuse()
             return False
         return True
+
+    def _refuse(self) -> None:
+        self.refused += 1
+        self._unnoted += 1
 
     def note_refusals(self) -> int:
         """Refusals to log now: all since the last line, at most one line per second; else 0.
@@ -152,7 +162,8 @@ class TokenGate:
 
     async def admit_message(self) -> bool:
         """Capacity first, then a token (waiting at most ``delay``); see the module doc."""
-        if not self.admit_session():
+        if self.overloaded():
+            self._refuse()
             return False
         if self.delay <= 0 or self._take(1):
             return True

@@ -157,3 +157,25 @@ async def test_a_stall_records_the_samples_it_hid() -> None:
         assert [round(s, 3) for s in lag.samples] == [0.05, 0.04, 0.03, 0.02, 0.01]
     finally:
         lag.stop()
+
+
+async def test_the_session_cap_follows_the_loop_lag() -> None:
+    """A lagging loop lowers the cap below the live sessions: new connections are refused."""
+    lag = LoopLag(interval=0.01)
+    reg = _regulator(FlowSettings(lag_limit=0.04, session_limit=100), [0], [False], lag)
+    reg.sessions = lambda: 50
+    try:
+        assert reg.gate.admit_session()
+        for _ in range(30):
+            lag.observe(0.03)  # below the limit: not overloaded, the cap does not bind
+        reg._on_tick()
+        assert reg.cap.limit == 100 and reg.gate.admit_session()
+        for _ in range(30):
+            lag.observe(0.2)
+        reg._on_tick()
+        assert reg.cap.limit == 37  # three quarters of the 50 live sessions
+        reg.configure(FlowSettings(lag_limit=0.5, session_limit=100))
+        assert reg.session_full() and not reg.overloaded()  # lag 0.2 < 0.5: only the cap
+        assert not reg.gate.admit_session()
+    finally:
+        reg.stop()
