@@ -2,10 +2,13 @@
 
     .venv/bin/python bench/overload.py                      # 15 s peak, then 60 s at 3x
     .venv/bin/python bench/overload.py --peak 10 --duration 20 --factor 3
-    .venv/bin/python bench/overload.py --main-cf 'in_flow_lag_limit = 0'   # regulation off
+    .venv/bin/python bench/overload.py --main-cf 'in_flow_lag_limit = 0' \
+        --main-cf 'in_flow_backlog_limit = 0'                            # regulation off
 
 qmgrd runs as ``python -m qmgrd run`` (a temporary spool, main.cf defaults
-plus ``--main-cf`` lines, ``metrics_listen`` on loopback) relaying to
+plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
+1000``, off by default; then the ``--main-cf`` lines, a later line overriding
+an earlier one; ``metrics_listen`` on loopback) relaying to
 ``bench/sinkproc.py``. The generator and the sink run at nice 10: they
 stand for other machines and should not take the relay's CPU on a small
 box. A load generator in its own process sends 1 KB
@@ -60,6 +63,7 @@ from qmgrd.ops.client import call
 REPO = Path(__file__).resolve().parents[1]
 _BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
 _SESSION_TIMEOUT = 30.0
+REGULATED = ("in_flow_lag_limit = 50", "in_flow_backlog_limit = 1000")  # off by default
 NICE = 10  # niceness of the generator and sink processes
 
 
@@ -310,7 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--factor", type=float, default=3.0, help="offered load / peak rate")
     parser.add_argument("--sessions", type=int, default=20, help="parallel sessions at peak")
     parser.add_argument("--outstanding", type=int, default=2000, help="open sessions at most")
-    parser.add_argument("--main-cf", action="append", default=[], help="an extra main.cf line")
+    parser.add_argument(
+        "--main-cf", action="append", default=[], help="an extra main.cf line (after REGULATED)"
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="qmgrd-overload-") as tmp:
         root = Path(tmp)
@@ -323,10 +329,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert sinkproc.stdout is not None and sinkproc.stdin is not None
         sink = int(sinkproc.stdout.readline())
         port, metrics_port = free_port(), free_port()
-        relay = start_relay(root, port, sink, metrics_port, args.main_cf)
+        extra = [*REGULATED, *args.main_cf]
+        relay = start_relay(root, port, sink, metrics_port, extra)
         try:
             print(
-                f"main.cf extra: {args.main_cf or '(defaults)'}; "
+                f"main.cf extra: {extra}; "
                 f"load average {os.getloadavg()[0]:.1f}",
                 flush=True,
             )

@@ -749,18 +749,20 @@ _TABLE: tuple[Param, ...] = (
     Param(
         "in_flow_backlog_limit",
         _I,
-        "1000",
+        "0",
         "messages the queue manager holds (active plus waiting to be loaded) at which new "
-        "SMTP sessions and MAIL get 421 4.3.2 Service currently unavailable (0 = no limit)",
+        "SMTP sessions and MAIL get 421 4.3.2 Service currently unavailable (0 = no limit, "
+        "as Postfix; 1000 suits a relay with a host of its own)",
         minimum=0,
         qmgrd_only=True,
     ),
     Param(
         "in_flow_lag_limit",
         _I,
-        "50",
+        "0",
         "event-loop lag in milliseconds (moving average over 0.1 s) above which new SMTP "
-        "sessions and MAIL get 421 4.3.2 Service currently unavailable (0 = no limit)",
+        "sessions and MAIL get 421 4.3.2 Service currently unavailable, and that the learned "
+        "session cap steers to (0 = off, as Postfix; 50 suits a relay with a host of its own)",
         minimum=0,
         qmgrd_only=True,
     ),

@@ -7,10 +7,7 @@ the daemon does). ``master.cf`` is the one the project ships
 ``main.cf`` names the host ``mx.test``, listens on ``listen`` (127.0.0.1 port 0
 by default: the OS picks a free port) and keeps the SMTP client's connect and
 command timeouts short so a broken test fails in seconds; ``main`` is
-appended, and a later line overrides an earlier one. The event-loop lag
-refusal (``in_flow_lag_limit``) is off: an in-process test's clients run on
-the daemon's loop, so its lag would measure the test (and other work on a
-shared machine), not the relay; tests of the regulator turn it on.
+appended, and a later line overrides an earlier one.
 """
 
 from __future__ import annotations
@@ -44,7 +41,6 @@ def write_config(
         "smtp_mail_timeout = 10s\n"
         "smtp_rcpt_timeout = 10s\n"
         "smtp_data_done_timeout = 10s\n"
-        "in_flow_lag_limit = 0\n"  # the test's own clients share the loop: not the relay's load
         f"{main}\n"
     )
     (conf / "master.cf").write_text(SHIPPED_MASTER_CF.read_text() + master)
