@@ -38,6 +38,7 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
@@ -101,7 +102,8 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
-    return Engine(
+    admission = admission_settings(cfg, warn)
+    engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
         scheduler=Scheduler(scheduler_params(cfg), params),
@@ -111,6 +113,8 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.configure_admission(admission)
+    return engine
 
 
 def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
@@ -129,6 +133,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         agents = create_agents(cfg)
+        admission = admission_settings(cfg, lambda text: log.warning(text))
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -141,6 +146,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.configure_admission(admission)
     return cfg
 
 
@@ -231,11 +237,16 @@ class Daemon:
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
+        gate = EngineFlowGate(self.engine)
         self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
+            main,
+            self.spool,
+            on_commit=self.engine.notify_incoming,
+            observer=self.metrics.intake,
+            gate=gate,
         )
         self.listener.committer.pool = self.workpool  # regulator: fsync batches on the pool
-        self.listener.ctx.gate = self.intake.gate
+        self.listener.ctx.inflow = self.intake.gate
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
             handle = await start_listener(
@@ -245,8 +256,9 @@ class Daemon:
                 committer=self.listener.committer,
                 passwords=self.listener.ctx.passwords,
                 observer=self.metrics.intake,
+                gate=gate,
             )
-            handle.ctx.gate = self.intake.gate  # regulator
+            handle.ctx.inflow = self.intake.gate  # regulator
             self.services[settings.service] = handle
         handles = [self.listener, *self.services.values()]  # regulator: the session cap's count
         self.intake.sessions = lambda: sum(h.ctx.counters.total for h in handles)

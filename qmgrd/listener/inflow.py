@@ -2,7 +2,7 @@
 
 Contract
 --------
-The listener asks an :class:`IntakeGate` (``ListenerContext.gate``;
+The listener asks an :class:`IntakeGate` (``ListenerContext.inflow``;
 :data:`OPEN_GATE`, which admits everything at once, when none is set) two
 questions, each a one-line hook:
 

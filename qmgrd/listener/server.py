@@ -45,6 +45,7 @@ from collections.abc import Callable
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
@@ -176,8 +177,8 @@ class ListenerHandle:
             _refuse(conn, "421 4.3.2 Service currently unavailable")
             self.ctx.observer.rejected("limits")
             return
-        if not self.ctx.gate.admit_session():  # regulator: over capacity (qmgrd.listener.inflow)
-            if count := self.ctx.gate.note_refusals():
+        if not self.ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
+            if count := self.ctx.inflow.note_refusals():
                 log.warning("over capacity: connections refused", client=client, count=count)
             _refuse(conn, OVERLOAD_REPLY)
             self.ctx.observer.rejected("limits")
@@ -314,12 +315,14 @@ async def start_listener(
     committer: GroupCommitter | None = None,
     passwords: PasswordChecker | None = None,
     observer: IntakeObserver = NULL_INTAKE,
+    gate: FlowGate = NULL_GATE,
 ) -> ListenerHandle:
     """Bind every ``settings.listen`` address on the running loop and serve SMTP.
 
     ``on_commit(queue_id)`` runs after each durable commit (the engine's wake-up).
     A bind failure is an operator error: ConfigError naming smtpd_listen (or
-    the master.cf service). A ``committer`` or ``passwords`` passed in is
+    the master.cf service). ``gate``: fair admission's intake check
+    (``qmgrd.listener.flowgate``). A ``committer`` or ``passwords`` passed in is
     shared with other listeners: the caller closes it, not ``wait_closed``.
     """
     loop = asyncio.get_running_loop()
@@ -330,6 +333,7 @@ async def start_listener(
         counters=ClientCounters(),
         passwords=passwords or PasswordChecker(),
         observer=observer,
+        gate=gate,
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None
