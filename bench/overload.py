@@ -333,8 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         relay = start_relay(root, port, sink, metrics_port, extra)
         try:
             print(
-                f"main.cf extra: {extra}; "
-                f"load average {os.getloadavg()[0]:.1f}",
+                f"main.cf extra: {extra}; load average {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
             warm = args.peak / 4

@@ -89,9 +89,10 @@ def refill(have: int, limit: int, *, behind: bool, moved: int) -> int:
 class TokenPipe:
     """A non-blocking pipe; one byte is one token."""
 
-    __slots__ = ("read_fd", "write_fd")
+    __slots__ = ("closed", "read_fd", "write_fd")
 
     def __init__(self) -> None:
+        self.closed = False
         self.read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         os.set_blocking(self.write_fd, False)
@@ -117,9 +118,11 @@ class TokenPipe:
             return 0
 
     def close(self) -> None:
-        """Close both ends."""
-        for fd in (self.read_fd, self.write_fd):
-            os.close(fd)
+        """Close both ends (once)."""
+        if not self.closed:
+            self.closed = True
+            for fd in (self.read_fd, self.write_fd):
+                os.close(fd)
 
 
 class SharedFlag:
@@ -227,7 +230,11 @@ class IntakeRegulator:
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:
-        """Begin sampling the loop's lag and refilling on the running loop."""
+        """Begin sampling the loop's lag and refilling on the running loop (again after stop)."""
+        if self.pipe.closed:  # a daemon started again: a fresh, full pipe
+            self.pipe = TokenPipe()
+            self.gate.fd = self.pipe.read_fd
+            self.pipe.put(self.settings.token_limit)
         self.lag.start()
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 

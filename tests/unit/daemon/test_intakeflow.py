@@ -179,3 +179,16 @@ async def test_the_session_cap_follows_the_loop_lag() -> None:
         assert not reg.gate.admit_session()
     finally:
         reg.stop()
+
+
+async def test_a_regulator_started_again_gets_a_fresh_full_pipe() -> None:
+    """stop() closes the pipe; start() after it opens a new one with every token in it."""
+    reg = _regulator(FlowSettings(token_limit=4), [0], [False])
+    reg.start()
+    assert await reg.gate.admit_message()
+    reg.stop()
+    reg.start()
+    try:
+        assert reg.pipe.count() == 4 and await reg.gate.admit_message()
+    finally:
+        reg.stop()
