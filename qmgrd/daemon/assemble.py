@@ -52,6 +52,7 @@ from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
     Metrics,
@@ -69,6 +70,7 @@ from qmgrd.daemon.settings import (
     transport_params_fn,
 )
 from qmgrd.daemon.workers import WorkerPool
+from qmgrd.daemon.workpool import WorkPool
 from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
@@ -195,6 +197,9 @@ class Daemon:
             queue_ages_fn=lambda: spool_oldest_ages(self.spool, self.clock.now()),
         )
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
+        self.workpool = WorkPool()  # regulator: the spool's blocking work (qmgrd.daemon.workpool)
+        self.engine.ctx.io.pool = self.workpool
+        self.intake = intake_regulator(cfg, self.engine, self.metrics, self.workpool)  # regulator
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
         self.cleanup = CleanupSettings.from_config(cfg)
@@ -224,6 +229,9 @@ class Daemon:
         """Start every part in order; with ``listen`` False, no SMTP listener (tests)."""
         self.spool.ensure_dirs()
         self.pickup.ensure_dir()
+        self._stack.callback(self.workpool.close)  # regulator: last to stop
+        self.intake.start()
+        self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
@@ -278,6 +286,11 @@ class Daemon:
                 gate=EngineFlowGate(self.engine),
             )
             self._stack.push_async_callback(self._close_listener)
+            self.listeners.main.committer.pool = self.workpool  # regulator: fsync batches
+            handles = [self.listeners.main, *self.listeners.services.values()]
+            for handle in handles:
+                handle.ctx.inflow = self.intake.gate  # regulator
+            self.intake.sessions = lambda: sum(h.ctx.counters.total for h in handles)
             return
         sockets: dict[str, list[socket.socket]] = {}
         try:
@@ -355,6 +368,7 @@ class Daemon:
         if new_cfg is None:
             return False
         self.cfg = new_cfg
+        self.intake.configure(FlowSettings.from_config(new_cfg))  # regulator
         self.cleanup = cleanup
         self.pickup.settings = cleanup
         if self.listeners is not None and listeners is not None:

@@ -64,7 +64,7 @@ def test_production_example_passes_and_says_what_would_run(tmp_path: Path) -> No
         out
     )
     assert "routing: default_transport = smtp; relayhost = [smtp.example.net]:587" in out
-    assert "processes: " in out  # smtpd_worker_processes = auto: as many as the cores
+    assert "processes: one; the SMTP listener runs in the queue manager's process" in out
     assert "logs: the journal under systemd" in out and "as qmgrd/<component>" in out
     assert f"spool: {tmp_path / 'spool'} (owner " in out
     assert out.endswith("qmgrd: check passed\n")
