@@ -49,7 +49,14 @@ from typing import Any, Literal, TextIO
 import structlog
 
 from qmgrd.errors import ConfigError
-from qmgrd.log.render import escape, postfix_message, render_json, render_postfix, syslog_prefix
+from qmgrd.log.render import (
+    escape,
+    postfix_message,
+    render_json,
+    render_postfix,
+    syslog_prefix,
+    syslog_timestamp,
+)
 from qmgrd.log.sinks import (
     JOURNAL_SOCKET,
     SYSLOG_SOCKET,
@@ -75,6 +82,9 @@ __all__ = [
 ]
 
 LogFormat = Literal["postfix", "json"]
+
+# structlog's add_log_level names: the method ``warn`` logs at warning, ``exception`` at error.
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}
 
 def syslog_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a syslog program name, or None if it can.
@@ -141,6 +151,8 @@ class LogOutput:
         self._lock = threading.Lock()
         self._file: TextIO | None = None
         self._sink: JournalSink | SyslogSink | None = None
+        self._stamp_second = -1  # the second ``_stamp`` was rendered for
+        self._stamp = ""
         if self.path is not None:
             destination = "stream"
             try:
@@ -182,6 +194,10 @@ class LogOutput:
     ) -> str | tuple[tuple[str], dict[str, Any]]:
         """The final structlog processor: the line (prefixed in a file), or the message and
         the journal/syslog fields when a socket is the destination."""
+        # structlog's add_log_level and format_exc_info, inlined: this runs for every line.
+        event_dict["level"] = _LEVEL_NAMES.get(method, method)
+        if "exc_info" in event_dict:
+            event_dict = structlog.processors.format_exc_info(_logger, method, event_dict)
         now = self.clock()
         text = (
             render_json(event_dict, now)
@@ -199,14 +215,12 @@ class LogOutput:
             return (text,), meta
         if self.path is None or self.log_format == "json":
             return text
-        prefix = syslog_prefix(
-            now,
-            self.hostname,
-            self.program,
-            escape(component) if component else None,
-            os.getpid(),
-        )
-        return prefix + text
+        second = int(now)
+        if second != self._stamp_second:  # the time stamp changes once a second
+            self._stamp_second = second
+            self._stamp = syslog_timestamp(now)
+        name = f"{self.program}/{escape(component)}" if component else self.program
+        return f"{self._stamp} {self.hostname} {name}[{os.getpid()}]: {text}"
 
     def __call__(self, *_args: Any) -> LogOutput:
         """structlog's logger factory: every logger writes through this output."""
@@ -313,12 +327,9 @@ def configure_logging(
         syslog_socket=syslog_socket,
     )
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
-            output.render,
-        ],
+        # One processor: ``render`` adds the level and formats exc_info itself (every line
+        # pays for each processor in the chain). No component binds context variables.
+        processors=[output.render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=output,
         cache_logger_on_first_use=False,
