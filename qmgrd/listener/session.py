@@ -241,8 +241,7 @@ class Session:
             if event is not None:
                 return event
             await self.flush()
-            async with asyncio.timeout(self.settings.smtpd_timeout):
-                data = await self.chan.read(_READ_SIZE)
+            data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
             if data:
                 self.proto.receive_data(data)
             else:
