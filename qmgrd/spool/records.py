@@ -45,9 +45,11 @@ raises its subclass ``QueueFileIOError``: the file may be fine, retry later.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -111,6 +113,34 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
         os.close(fd)
         raise SpoolError(f"{path}: not a regular file")
     return fd
+
+
+@contextmanager
+def _reader(path: Path) -> Iterator[tuple[BinaryIO, int]]:
+    """The queue file opened for reading, and its size.
+
+    A file of at most one read chunk (most mail) is read whole with one
+    ``pread`` and closed at once, where a buffered file object would add an
+    fstat, an isatty probe and seeks. Every system
+    call in a worker thread gives the interpreter lock away and takes it back,
+    so fewer calls are fewer thread switches. Larger files are read through a
+    buffered file object as before (memory stays bounded by the chunk).
+    """
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+    except OSError:
+        os.close(fd)
+        raise
+    if size <= _READ_CHUNK:
+        try:
+            data = os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+        yield io.BytesIO(data), size  # a file cut short meanwhile reads as truncated
+        return
+    with os.fdopen(fd, "rb") as f:
+        yield f, size
 
 
 def _enc(text: str) -> bytes:
@@ -383,9 +413,8 @@ class QueueFile:
     def open(cls, path: Path) -> QueueFile:
         """Parse the envelope; raises SpoolError naming the reason if the file is unusable."""
         try:
-            fd = open_regular(path, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as f:
-                return cls._parse(f, path, os.fstat(f.fileno()).st_size)
+            with _reader(path) as (f, size):
+                return cls._parse(f, path, size)
         except OSError as exc:
             raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
@@ -496,8 +525,8 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
         raise InvariantError(f"read_recipients offset {offset} is not a recipient offset")
     out: list[RecipientRecord] = []
     try:
-        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
-            stream = _Stream(f, offset, path, os.fstat(f.fileno()).st_size)
+        with _reader(path) as (f, size):
+            stream = _Stream(f, offset, path, size)
             while True:
                 rec_offset, rtype, length = stream.header()
                 if rtype == REC_RCPT:
