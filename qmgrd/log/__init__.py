@@ -17,11 +17,18 @@ program identifier ``<syslog_name>/<component>`` (``qmgrd/smtpd``,
 ``qmgrd/qmgr``, ``qmgrd/smtp``, ...; ``syslog_name`` defaults to ``qmgrd``)
 wherever the destination has room for it:
 
-- ``maillog_file``: lines are appended to that file, line-buffered, each with
-  the syslog prefix ``Mon DD HH:MM:SS host qmgrd/<component>[pid]: `` (local
-  time, as syslog and Postfix's ``postlogd`` write it). ``/dev/stdout`` is a
-  valid file name (Postfix's container convention). JSON lines are never
-  prefixed: each line stays one JSON object.
+- ``maillog_file``: lines are appended to that file, each with the syslog
+  prefix ``Mon DD HH:MM:SS host qmgrd/<component>[pid]: `` (local time, as
+  syslog and Postfix's ``postlogd`` write it). ``/dev/stdout`` is a valid file
+  name (Postfix's container convention). JSON lines are never prefixed: each
+  line stays one JSON object. Lines logged on a running event loop are written
+  together at the loop's next pass (``call_soon``), in order, with one write:
+  a busy daemon logs several lines per pass, and every write on the loop
+  thread is a system call that hands the interpreter lock to a waiting worker
+  thread. A line logged off the loop (a worker thread, start-up) is written at
+  once, after any lines still queued; ``reopen`` and ``close`` write what is
+  queued first. Only a SIGKILL in the middle of a pass can lose that pass's
+  lines.
 - no ``maillog_file``: :func:`qmgrd.log.sinks.choose_destination` picks the
   systemd journal (native protocol, ``SYSLOG_IDENTIFIER=qmgrd/<component>``)
   when standard output is the journal, the syslog socket ``/dev/log`` when
@@ -36,6 +43,7 @@ log rotation; the daemon calls it on SIGHUP.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -151,6 +159,8 @@ class LogOutput:
         self._lock = threading.Lock()
         self._file: TextIO | None = None
         self._sink: JournalSink | SyslogSink | None = None
+        self._pending: list[str] = []  # maillog_file lines not written yet
+        self._flush_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due
         self._stamp_second = -1  # the second ``_stamp`` was rendered for
         self._stamp = ""
         if self.path is not None:
@@ -248,13 +258,53 @@ class LogOutput:
                     return
                 except OSError:
                     pass  # journald restarting, syslog gone: the line goes to stdout
-            out = self._file if self._file is not None else (self._stream or sys.stdout)
+            if self._file is not None:
+                self._file_line(message)
+                return
+            out = self._stream or sys.stdout
             try:
                 out.write(message + "\n")
                 out.flush()
             except (OSError, ValueError):
                 # A full disk or a closed stream must not take mail delivery down.
                 pass
+
+    def _file_line(self, message: str) -> None:
+        """Queue a line for ``maillog_file`` (lock held); see the module doc on batching."""
+        self._pending.append(message)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._flush_loop is not None and self._flush_loop.is_closed():
+            self._flush_loop = None  # its flush never ran: write what waits now
+        if loop is not None:
+            if self._flush_loop is loop:
+                return  # this loop's flush is already due
+            if self._flush_loop is None:
+                self._flush_loop = loop
+                loop.call_soon(self._flush)
+                return
+        self._write_pending()  # not on a loop: at once, after the lines queued before
+
+    def _flush(self) -> None:
+        """The loop's flush: every line queued since the last one, in one write."""
+        with self._lock:
+            self._flush_loop = None
+            self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Write the queued lines to the file (lock held)."""
+        if not self._pending or self._file is None:
+            return
+        text = "\n".join(self._pending) + "\n"
+        self._pending.clear()
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except (OSError, ValueError):
+            # A full disk or a closed file must not take mail delivery down.
+            pass
 
     log = debug = info = warn = warning = msg
     fatal = failure = err = error = critical = exception = msg
@@ -277,6 +327,7 @@ class LogOutput:
             )
             return False
         with self._lock:
+            self._write_pending()  # lines logged before the rotation go to the old file
             old, self._file = self._file, new
         if old is not None:
             old.close()
@@ -285,6 +336,7 @@ class LogOutput:
     def close(self) -> None:
         """Close the file or socket (lines written afterwards go to the stream)."""
         with self._lock:
+            self._write_pending()
             old, self._file = self._file, None
             sink, self._sink = self._sink, None
         if old is not None:
