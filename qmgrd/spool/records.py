@@ -119,28 +119,26 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
 def _reader(path: Path) -> Iterator[tuple[BinaryIO, int]]:
     """The queue file opened for reading, and its size.
 
-    A file of at most one read chunk (most mail) is read whole with one
-    ``pread`` and closed at once, where a buffered file object would add an
-    fstat, an isatty probe and seeks. Every system
-    call in a worker thread gives the interpreter lock away and takes it back,
-    so fewer calls are fewer thread switches. Larger files are read through a
-    buffered file object as before (memory stays bounded by the chunk).
+    A file of at most one read chunk (most mail) is read whole by one
+    ``pread`` (a short read is the end of the file) and closed at once:
+    open, fstat, pread, close, where a buffered file object adds an fstat for
+    the size, another in its constructor, an isatty probe and seeks. Every
+    system call in a worker thread gives the interpreter lock away and takes
+    it back, so fewer calls are fewer thread switches. A larger file is read
+    through a buffered file object (memory stays bounded by the chunk).
     """
     fd = open_regular(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
-    except OSError:
+        data = os.pread(fd, _READ_CHUNK + 1, 0)
+    except BaseException:
         os.close(fd)
         raise
-    if size <= _READ_CHUNK:
-        try:
-            data = os.pread(fd, size, 0)
-        finally:
-            os.close(fd)
-        yield io.BytesIO(data), size  # a file cut short meanwhile reads as truncated
+    if len(data) <= _READ_CHUNK:
+        os.close(fd)
+        yield io.BytesIO(data), len(data)
         return
     with os.fdopen(fd, "rb") as f:
-        yield f, size
+        yield f, os.fstat(fd).st_size
 
 
 def _enc(text: str) -> bytes:
