@@ -46,11 +46,12 @@ class QueueFileContent:
         """
         end = self.offset + self.size
         want = min(chunk_size, self.size)
+        first = partial(_open_and_read, self.path, want, self.offset, want == self.size)
         try:
             if self.run is not None:
-                fd, data = await self.run(partial(_open_and_read, self.path, want, self.offset))
+                fd, data = await self.run(first)
             else:
-                fd, data = await asyncio.to_thread(_open_and_read, self.path, want, self.offset)
+                fd, data = await asyncio.to_thread(first)
         except OSError as exc:
             raise QueueFileIOError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         try:
@@ -65,7 +66,8 @@ class QueueFileContent:
                     return
                 data = await asyncio.to_thread(os.pread, fd, min(chunk_size, end - pos), pos)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def read(self) -> bytes:
         """The whole content, synchronously (bounces, tests)."""
@@ -80,13 +82,19 @@ class QueueFileContent:
         return data
 
 
-def _open_and_read(path: Path, want: int, offset: int) -> tuple[int, bytes]:
+def _open_and_read(path: Path, want: int, offset: int, whole: bool) -> tuple[int, bytes]:
+    """Open and read the first chunk; with ``whole`` (it is all the content) and a full
+    read, the descriptor is closed here too (fd -1): no system call left for the loop."""
     fd = open_regular(path, os.O_RDONLY)
     try:
-        return fd, os.pread(fd, want, offset) if want > 0 else b""
+        data = os.pread(fd, want, offset) if want > 0 else b""
     except BaseException:
         os.close(fd)
         raise
+    if whole and len(data) == want:
+        os.close(fd)
+        return -1, data
+    return fd, data
 
 
 def read_content(path: Path) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -175,9 +176,13 @@ async def test_content_first_read_goes_through_the_given_runner(spool: Spool) ->
     qf = spool.open("incoming", spool.commit(env, content))
     batcher = IoBatcher()
     source = QueueFileContent(qf.path, qf.content_offset, qf.content_size, run=batcher.submit)
+    fds = len(os.listdir("/proc/self/fd"))
     chunks = [c async for c in source.chunks(10_000)]
     assert b"".join(chunks) == content
     assert (batcher.hops, batcher.jobs) == (1, 1)
+    whole = [c async for c in source.chunks()]  # one chunk: closed in the worker already
+    assert whole == [content]
+    assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open either way
 
 
 def test_envelope_validation() -> None:
