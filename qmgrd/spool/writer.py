@@ -52,7 +52,6 @@ import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.records import (
@@ -202,8 +201,9 @@ class QueueFileWriter:
 
     # -- disk work (worker thread) -----------------------------------------------------
 
-    def _temp(self) -> Path:
-        return self._spool.root / "incoming" / (TEMP_PREFIX + self.queue_id)
+    def _temp(self) -> str:
+        # Plain strings: a pathlib join costs more than the system call it names.
+        return f"{self._spool.root}/incoming/{TEMP_PREFIX}{self.queue_id}"
 
     def _open(self) -> None:
         if self._fd < 0:
@@ -260,11 +260,12 @@ class QueueFileWriter:
             os.close(self._fd)
             self._fd = -1
             temp = self._temp()
+            incoming = f"{self._spool.root}/incoming"
             try:
-                os.link(temp, temp.parent / self.queue_id)
+                os.link(temp, f"{incoming}/{self.queue_id}")
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
-                os.link(temp, temp.parent / self.queue_id)
+                os.link(temp, f"{incoming}/{self.queue_id}")
             os.unlink(temp)
         except OSError as exc:
             self.discard()
