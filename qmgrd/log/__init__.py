@@ -50,6 +50,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -161,6 +162,13 @@ class LogOutput:
         self._sink: JournalSink | SyslogSink | None = None
         self._pending: list[str] = []  # maillog_file lines not written yet
         self._flush_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due
+        # A fork (a worker process) writes the queued lines first, so that the child
+        # does not inherit and write them again; the child starts with no flush due.
+        ref = weakref.ref(self)
+        os.register_at_fork(
+            before=lambda: _call(ref, LogOutput.flush_pending),
+            after_in_child=lambda: _call(ref, LogOutput._forked),
+        )
         self._stamp_second = -1  # the second ``_stamp`` was rendered for
         self._stamp = ""
         if self.path is not None:
@@ -293,6 +301,17 @@ class LogOutput:
             self._flush_loop = None
             self._write_pending()
 
+    def flush_pending(self) -> None:
+        """Write the queued maillog_file lines now (before a fork)."""
+        with self._lock:
+            self._write_pending()
+
+    def _forked(self) -> None:
+        """In a forked child: a fresh lock, nothing queued, no flush due on the parent's loop."""
+        self._lock = threading.Lock()
+        self._pending.clear()
+        self._flush_loop = None
+
     def _write_pending(self) -> None:
         """Write the queued lines to the file (lock held)."""
         if not self._pending or self._file is None:
@@ -343,6 +362,12 @@ class LogOutput:
             old.close()
         if sink is not None:
             sink.close()
+
+
+def _call(ref: weakref.ReferenceType[LogOutput], method: Callable[[LogOutput], None]) -> None:
+    output = ref()
+    if output is not None:
+        method(output)
 
 
 def configure_logging(

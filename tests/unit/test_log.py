@@ -395,3 +395,24 @@ def test_lines_queued_on_a_closed_loop_are_written_by_the_next_line(tmp_path: Pa
         "C1: removed",
         "C2: removed",
     ]
+
+
+async def test_a_fork_writes_queued_lines_once(tmp_path: Path) -> None:
+    """Lines queued when a worker process is forked are written by the parent before the
+    fork, never again by the child."""
+    path = tmp_path / "maillog"
+    configure_logging("postfix", maillog_file=path, hostname="mx1", clock=lambda: T0)
+    log = get_logger("qmgr")
+    log.info("removed", queue_id="F1")  # queued for the loop's next pass
+    pid = os.fork()
+    if pid == 0:  # the child: off its parent's loop, a line is written at once
+        try:
+            log.info("removed", queue_id="F2")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    await asyncio.sleep(0)
+    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()] == [
+        "F1: removed",
+        "F2: removed",
+    ]
