@@ -76,12 +76,12 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:
         output = configure_logging("postfix", maillog_file=Path(tmp) / "maillog")
-        loggers = [get_logger(c) for c in ("smtpd", "cleanup", "qmgr", "smtp")]
+        smtpd, cleanup, qmgr, smtp = (get_logger(c) for c in ("smtpd", "cleanup", "qmgr", "smtp"))
         for n in range(200):  # warm up
-            one_message(*loggers, n)
+            one_message(smtpd, cleanup, qmgr, smtp, n)
         t0 = time.process_time()
         for n in range(args.n):
-            one_message(*loggers, n)
+            one_message(smtpd, cleanup, qmgr, smtp, n)
         cpu = time.process_time() - t0
         output.close()
         lines = args.n * LINES_PER_MESSAGE

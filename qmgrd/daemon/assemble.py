@@ -38,6 +38,7 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
@@ -99,7 +100,8 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
-    return Engine(
+    admission = admission_settings(cfg, warn)
+    engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
         scheduler=Scheduler(scheduler_params(cfg), params),
@@ -109,6 +111,8 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.configure_admission(admission)
+    return engine
 
 
 def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
@@ -127,6 +131,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         agents = create_agents(cfg)
+        admission = admission_settings(cfg, lambda text: log.warning(text))
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -139,6 +144,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.configure_admission(admission)
     return cfg
 
 
@@ -223,8 +229,13 @@ class Daemon:
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
+        gate = EngineFlowGate(self.engine)
         self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
+            main,
+            self.spool,
+            on_commit=self.engine.notify_incoming,
+            observer=self.metrics.intake,
+            gate=gate,
         )
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
@@ -235,6 +246,7 @@ class Daemon:
                 committer=self.listener.committer,
                 passwords=self.listener.ctx.passwords,
                 observer=self.metrics.intake,
+                gate=gate,
             )
             self.services[settings.service] = handle
 

@@ -56,6 +56,7 @@ from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
@@ -92,6 +93,7 @@ class ListenerContext:
     counters: ClientCounters
     passwords: PasswordChecker
     observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
+    gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: get_logger("smtpd"))
     cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))
