@@ -57,6 +57,7 @@ from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
+from qmgrd.listener.inflow import OPEN_GATE, IntakeGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
@@ -94,6 +95,7 @@ class ListenerContext:
     passwords: PasswordChecker
     observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
     gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
+    inflow: IntakeGate = OPEN_GATE  # regulator: in_flow_delay, 421 4.3.2 (listener.inflow)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: get_logger("smtpd"))
     cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))
