@@ -20,10 +20,13 @@ from tests.unit.core.test_scheduler_properties import Work, check_workload, work
 A, B, H = Flow("sender_domain:a.test"), Flow("sender_domain:b.test"), Flow("tenant:h", 2.0, "h")
 
 
-def fair_params(c: int, **kw: int) -> TransportParams:
+def fair_params(c: int, destination_recipient_limit: int = 50) -> TransportParams:
     """A transport with fairness on, process limit ``c``, no destination limit."""
-    return dataclasses.replace(
-        TransportParams(process_limit=c, destination_concurrency_limit=0), fairness=True, **kw
+    return TransportParams(
+        process_limit=c,
+        destination_concurrency_limit=0,
+        destination_recipient_limit=destination_recipient_limit,
+        fairness=True,
     )
 
 
