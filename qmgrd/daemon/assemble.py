@@ -41,6 +41,7 @@ from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.flows import fairness_settings
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
     Metrics,
@@ -99,7 +100,8 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
-    return Engine(
+    fairness = fairness_settings(cfg, warn)
+    engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
         scheduler=Scheduler(scheduler_params(cfg), params),
@@ -109,6 +111,8 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.ctx.fairness = fairness
+    return engine
 
 
 def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
@@ -126,6 +130,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         params = transport_params_fn(cfg, lambda text: log.warning(text))
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
+        fairness = fairness_settings(cfg, lambda text: log.warning(text))
         agents = create_agents(cfg)
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
@@ -139,6 +144,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.ctx.fairness = fairness  # messages loaded from now on get flows by the new settings
     return cfg
 
 

@@ -197,7 +197,14 @@ def _check_values(cfg: Config, spec: str, table: LookupTable) -> None:
 def fairness_settings(
     cfg: Config, warn: Callable[[str], None] = lambda _text: None
 ) -> FairnessSettings:
-    """The fairness settings of ``cfg``; ConfigError for a bad weight table (module doc)."""
+    """The fairness settings of ``cfg``; ConfigError for a bad weight table (module doc) or a
+    hand larger than the queue set."""
+    queues, hand = cfg.get_int("fairness_queue_count"), cfg.get_int("fairness_hand_size")
+    if hand > queues:
+        raise ConfigError(
+            f"{setting_where(cfg, 'fairness_hand_size')} = {hand}: must be at most "
+            f"fairness_queue_count ({queues})"
+        )
     default = cfg.get_str("default_fairness_key")
     overrides: dict[str, str] = {}
     for name in cfg.master:

@@ -9,13 +9,14 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
 - ``feed(now)`` moves WAITING messages to LOADING while the active queue has
   room (``qmgr_message_active_limit``) and starts one load each.
 - A load moves the file to ``active/``, forgets the defer log of the last pass
-  (notes §9), parses the envelope and registers the message with the
-  scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
-  any way) goes to ``corrupt/``; one that vanished (an operator took it) is
-  forgotten; a disk error leaves it where it was, to be loaded again. A
-  system error while opening the moved file (``QueueFileIOError``: EMFILE,
-  EIO, EACCES, ...) says nothing about the file: it is moved back where it
-  came from and loaded again later (logged), never quarantined.
+  (notes §9), parses the envelope and registers the message with the scheduler
+  (IN_CORE) with its fairness flow (``qmgrd.daemon.flows``). A file that
+  cannot be parsed (or whose parse fails in any way) goes to ``corrupt/``; one
+  that vanished (an operator took it) is forgotten; a disk error leaves it
+  where it was, to be loaded again. A system error while opening the moved
+  file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
+  file: it is moved back where it came from and loaded again later (logged),
+  never quarantined.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -39,6 +40,7 @@ from pathlib import Path
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
 from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.context import EngineContext
+from qmgrd.daemon.flows import flow_of, transport_flows
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
@@ -180,6 +182,8 @@ class Loader:
             rcpt_unread=qf.rcpt_count,
             rcpt_offset=qf.first_recipient_offset,
             payload=msg,
+            flow=flow_of(qf, ctx.fairness),
+            transport_flows=transport_flows(qf, ctx.fairness),
         )
         ctx.stats.messages_loaded += 1
         ctx.log.info(
