@@ -61,6 +61,7 @@ weight among its flows (reset when the queue empties).
 from __future__ import annotations
 
 import hashlib
+import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -145,6 +146,7 @@ class FairQueue:
     cursor_tag: int = 0  # the transport blocker tag the cursor is valid for
     exhausted_tag: int = 0  # transport blocker tag when a walk found nothing (0 = not)
     dispatched: int = 0
+    stamp: int = 0  # bumped at each change of its head finish: older heap records are stale
     waiting_link: Link[FairQueue] = field(init=False)  # on FairSet.waiting while jobs linked
 
     def __post_init__(self) -> None:
@@ -161,7 +163,11 @@ class FairSet:
         "flows",
         "guess",
         "hand_size",
+        "heap",
+        "parked",
+        "parked_tag",
         "queues",
+        "stale",
         "updated_at",
         "virtual_time",
         "waiting",
@@ -187,6 +193,11 @@ class FairSet:
         self.guess = guess
         self.flows: dict[str, FlowState] = {}
         self.waiting: DList[FairQueue] = DList()  # queues with linked jobs
+        # (head finish, index, stamp) of waiting queues; stale records are dropped when seen
+        self.heap: list[tuple[float, int, int]] = []
+        self.parked: list[FairQueue] = []  # popped as exhausted at blocker tag parked_tag
+        self.parked_tag = 0
+        self.stale = False  # the heap was not kept while fewer than two queues waited
         self.virtual_time = 0.0
         self.updated_at: float | None = None
         self.executing = 0
@@ -252,6 +263,7 @@ class FairSet:
         if queue.exhausted_tag:
             queue.exhausted_tag = 0  # a new job may deliver: walk from it (nqmgr: current_passed)
             queue.current = fj
+        self._changed(queue)
 
     def job_unlinked(self, fj: FairJob) -> None:
         """``fj``'s job left the transport's job list (retired or freed)."""
@@ -281,6 +293,7 @@ class FairSet:
         if queue is not None:
             queue.exhausted_tag = 0
             queue.current = None
+            self._changed(queue)
 
     def job_first(self, fj: FairJob) -> None:
         """The job preempted another (nqmgr): it goes to the head of its queue's FIFO."""
@@ -291,6 +304,7 @@ class FairSet:
         queue.jobs.prepend(fj.link)
         queue.current = None
         queue.exhausted_tag = 0
+        self._changed(queue)
 
     def _pick(self, key: str) -> FairQueue:
         queues = self.queues
@@ -313,27 +327,69 @@ class FairSet:
         """The virtual finish time of the queue's head (its next delivery)."""
         return queue.virtual_start + self.guess / queue.weight
 
+    def _changed(self, queue: FairQueue) -> None:
+        """The queue's head finish or state changed: record it in the heap (if it waits)."""
+        if not queue.jobs:
+            return
+        queue.stamp += 1
+        if self.waiting.count < 2:  # one waiting queue needs no ordering: keep no records
+            self.stale = True
+            return
+        if self.stale:
+            self._rebuild()
+            return
+        heap = self.heap
+        heapq.heappush(
+            heap, (queue.virtual_start + self.guess / queue.weight, queue.index, queue.stamp)
+        )
+        if len(heap) > 4 * len(self.queues) + 16:  # stale records pile up above the minimum
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        guess = self.guess
+        heap = self.heap
+        heap.clear()
+        for queue in self.waiting:
+            heap.append((queue.virtual_start + guess / queue.weight, queue.index, queue.stamp))
+        heapq.heapify(heap)
+        self.parked.clear()
+        self.stale = False
+
     def best(self, tag: int) -> FairQueue | None:
         """The waiting queue with the smallest head finish (ties: lowest index) that is not
         exhausted at blocker tag ``tag``; None when there is none. The caller marks a queue
-        whose walk finds nothing (``exhausted_tag = tag``) and asks again."""
-        found: FairQueue | None = None
-        found_finish = 0.0
-        guess = self.guess
-        link = self.waiting.head
-        while link is not None:
-            queue = link.item
-            link = link.next
-            if queue.exhausted_tag == tag:
+        whose walk finds nothing (``exhausted_tag = tag``) and asks again. O(log Q) amortized:
+        a heap with stale records dropped as they surface; exhausted queues are parked until
+        the tag changes or the queue changes."""
+        waiting = self.waiting
+        if waiting.count < 2:
+            only = waiting.head
+            if only is None or only.item.exhausted_tag == tag:
+                return None
+            return only.item
+        if self.stale:
+            self._rebuild()
+        parked = self.parked
+        if parked and self.parked_tag != tag:
+            for queue in parked:
+                if queue.exhausted_tag != tag:
+                    self._changed(queue)
+            parked.clear()
+        heap = self.heap
+        queues = self.queues
+        while heap:
+            _fin, index, stamp = heap[0]
+            queue = queues[index]
+            if stamp != queue.stamp or not queue.jobs:
+                heapq.heappop(heap)
                 continue
-            fin = queue.virtual_start + guess / queue.weight
-            if (
-                found is None
-                or fin < found_finish
-                or (fin == found_finish and queue.index < found.index)
-            ):
-                found, found_finish = queue, fin
-        return found
+            if queue.exhausted_tag == tag:
+                heapq.heappop(heap)
+                parked.append(queue)
+                self.parked_tag = tag
+                continue
+            return queue
+        return None
 
     # ------------------------------------------------------------------ service
 
@@ -354,6 +410,7 @@ class FairSet:
         queue.dispatched += 1
         self.executing += 1
         self._recount(queue)
+        self._changed(queue)
         return queue
 
     def complete(self, queue: FairQueue, service_time: float | None, now: float | None) -> None:
@@ -368,6 +425,7 @@ class FairSet:
         queue.executing -= 1
         self.executing -= 1
         self._recount(queue)
+        self._changed(queue)
 
 
 # --------------------------------------------------------------------------- scheduler glue
