@@ -104,6 +104,8 @@ def parse_weight(value: str) -> tuple[float, str]:
     tenant = parts[1] if len(parts) == 2 else ""
     if tenant and not _TENANT.match(tenant):
         raise ValueError(f"tenant {tenant!r} is not a name of letters, digits, '.', '_', '-'")
+    if tenant == "other":
+        raise ValueError("tenant 'other' is reserved (status and metrics sum small flows in it)")
     return weight, tenant
 
 

@@ -42,6 +42,12 @@ async def test_one_message_from_b_behind_a_backlog_of_a(tmp_path: Path, key: str
             await sink.wait_stalled("MAIL")
             d.enqueue("one@b.test", ["x@dst.test"])
             await wait_until(lambda: scheduler.message_count == BACKLOG + 1, "B's message in core")
+            if key != "none":  # qmgrd status sees both flows and their backlogs
+                (smtp,) = (t for t in d.engine.snapshot().transports if t.name == "smtp")
+                flows = {f.label: f for f in smtp.flows}
+                assert smtp.fair and smtp.flows_total == 2
+                assert flows["sender_domain:a.test"].backlog == BACKLOG - 5
+                assert flows["sender_domain:b.test"].backlog == 1
             sink.release()
             await d.wait_idle(timeout=60)
     senders = [m.mail_from for m in sink.messages]

@@ -151,6 +151,7 @@ def test_hash_table_values_are_checked_in_the_source(tmp_path: Path) -> None:
         ("1e9", "weight '1e9' is not in"),
         ("2 bad/name", "tenant 'bad/name' is not a name"),
         ("2 t extra", "expected 'WEIGHT [TENANT]'"),
+        ("2 other", "tenant 'other' is reserved"),
     ],
 )
 def test_bad_weight_is_a_config_error_naming_file_line_and_parameter(
