@@ -16,8 +16,8 @@ pauses the collector during the timed loop (a diagnostic, not how the daemon run
 numbers, asserts nothing.
 
 ``--fair`` instead measures fair queuing between flows (qmgrd.core.fairq): cycles/s with fairness
-on at 10 and 10,000 jobs (messages spread over 100 flows; entry_done gets the service time), next
-to the same runs with fairness off, then the shares of deliveries of 3 backlogged flows weighted
+on at 10 and 10,000 jobs (messages spread over 3 and over 100 flows, weights 1 and 2; entry_done
+gets the service time), next to the same runs with fairness off, then the shares of deliveries of 3 backlogged flows weighted
 1/1/2 in each 1,000-delivery window (10 deliveries in flight, service times drawn from 0.05-0.5 s
 with a fixed seed, passed to entry_done as S).
 
@@ -159,9 +159,15 @@ def _fair_shares(windows: int = 5, window: int = 1000, in_flight: int = 10) -> N
 
 def _fair_main(runs: int, gc_off: bool) -> None:
     """``--fair``: cycles/s with fairness on and off at 10 and 10,000 jobs; the shares."""
-    flows = tuple(Flow(f"sender_domain:f{i}.test", 1.0 + i % 2) for i in range(100))
+    many = tuple(Flow(f"sender_domain:f{i}.test", 1.0 + i % 2) for i in range(100))
+    few = many[:3]
+    cases: tuple[tuple[str, tuple[Flow, ...]], ...] = (
+        ("fairness off          ", ()),
+        ("fairness on, 3 flows  ", few),
+        ("fairness on, 100 flows", many),
+    )
     for jobs in (10, 10000):
-        for label, fl in (("fairness off", ()), ("fairness on ", flows)):
+        for label, fl in cases:
             results = [_run(jobs, max(50000, 20 * jobs), RCPTS, gc_off, fl) for _ in range(runs)]
             rates = [rate for rate, _ in results]
             rate = statistics.median(rates)

@@ -10,16 +10,20 @@ calls:
 - ``job_linked(fj)`` / ``job_unlinked(fj)`` when a job enters or leaves the transport's job list
   (``qmgrd.core.job``): the job's flow is dealt a queue by shuffle sharding (below) the first time
   it is seen, and the job joins that queue's FIFO of jobs;
-- ``best(tag)`` / ``next_best(after, tag)``: the queues with linked jobs in increasing order of
-  their head's virtual finish time, skipping queues whose walk found nothing to deliver since the
-  last blocker-tag change or job change (``exhausted``);
-- ``dispatch(queue, now)`` when an entry of one of the queue's jobs is handed to an agent,
-  ``complete(queue, service_time, now)`` when it finishes (``service_time`` = S, the real delivery
-  time the engine measured; None = no correction), ``undispatch(queue, now)`` when a selected
-  entry goes back to its TODO list without a delivery.
+- ``job_ready(fj)`` (the job may deliver again) and ``job_first(fj)`` (it preempted: head of its
+  queue);
+- ``best(tag)``: the waiting queue with the smallest head virtual finish time, skipping queues
+  whose walk found nothing to deliver since the last blocker-tag change or job change (the caller
+  marks them ``exhausted_tag = tag`` and asks again);
+- ``dispatch(fj, now)`` when an entry of the job is handed to an agent (returns the queue the
+  entry keeps), ``complete(queue, service_time, now)`` when it finishes (``service_time`` = S,
+  the real delivery time the engine measured; None = no correction).
+- The scheduler glue: ``fair_configure(transport)`` (create, replace or drop the set when the
+  transport's params ask), ``fair_complete(transport, entry, S, now)`` (delivered, or put back
+  undelivered with ``now`` None: the whole charge is refunded).
 
-Nothing here reads a clock: ``now`` is an argument. Per-selection work allocates nothing: the
-queues, their links and the per-job records are created once and reused.
+Nothing here reads a clock: ``now`` is an argument. Per-selection work allocates at most the heap
+record of the charged queue: queues, links and per-job records are created once and reused.
 
 Theory of operation (the seed, adapted to mail)
 -----------------------------------------------
@@ -475,5 +479,8 @@ def fair_complete(
     if now is None:
         fair.complete(queue, 0.0, None)
         queue.dispatched = max(0, queue.dispatched - 1)
+        fj = entry.peer.job.fair
+        if fj is not None and fj.state is not None and fj.state.dispatched > 0:
+            fj.state.dispatched -= 1
     else:
         fair.complete(queue, service_time, now)

@@ -469,6 +469,8 @@ class Scheduler:
     # entry found is charged to the queue. A queue whose walk finds nothing is marked exhausted
     # at the current blocker tag and the next queue is tried; a blocker-tag bump, a new job or
     # new recipients in the queue clear the mark, exactly when nqmgr restarts its own walk.
+    # The per-job rules below are the lines of _job_entry_select's loop, repeated on purpose:
+    # nqmgr's own path stays byte for byte as it is (and as fast) when fairness is off.
 
     def _fair_entry_select(self, transport: Transport, fair: FairSet, now: float) -> Entry | None:
         """Entry selection with fair queuing between flows (the block comment above)."""
