@@ -17,9 +17,9 @@ numbers, asserts nothing.
 
 ``--fair`` instead measures fair queuing between flows (qmgrd.core.fairq): cycles/s with fairness
 on at 10 and 10,000 jobs (messages spread over 3 and over 100 flows, weights 1 and 2; entry_done
-gets the service time), next to the same runs with fairness off, then the shares of deliveries of 3 backlogged flows weighted
-1/1/2 in each 1,000-delivery window (10 deliveries in flight, service times drawn from 0.05-0.5 s
-with a fixed seed, passed to entry_done as S).
+gets the service time), next to the same runs with fairness off, then the shares of deliveries of 3
+backlogged flows weighted 1/1/2 in each 1,000-delivery window (10 deliveries in flight, service
+times drawn from 0.05-0.5 s with a fixed seed, passed to entry_done as S).
 
 Run: .venv/bin/python bench/scheduler.py [--runs N] [--gc-off] [--fair]
 """
