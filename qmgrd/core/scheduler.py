@@ -8,9 +8,11 @@ clock: every time is an argument ``now`` (seconds, one reading per event).
 
 Messages and reads
     ``message_create(queue_id, *, queued_time, rcpt_unread, single_rcpt=False, rcpt_offset=0,
-    payload=None) -> Message`` registers a message and queues the read request for its first batch
-    (budget ``max(qmgr_message_recipient_limit - in-core, qmgr_message_recipient_minimum)``, at
-    most 5000). ``pop_reads() -> list[ReadRequest]`` drains every pending read request (the first
+    payload=None, flow=FLOW_NONE, transport_flows=None) -> Message`` registers a message (its
+    fairness flow matters only on transports with ``TransportParams.fairness``) and queues the
+    read request for its first batch (budget
+    ``max(qmgr_message_recipient_limit - in-core, qmgr_message_recipient_minimum)``, at most
+    5000). ``pop_reads() -> list[ReadRequest]`` drains every pending read request (the first
     batch, refills requested by entry selection, the refill after the last entry finished, and
     refill-delay timers); each request is returned exactly once. The engine reads up to
     ``request.limit`` recipients from ``request.offset``, resolves them and calls
@@ -28,10 +30,13 @@ Dispatch
     ``select(now) -> Entry | None``: transports round robin (skipping dead and rate-locked ones and
     those with ``busy >= process_limit``), then the job list with preemption and blockers, then the
     job's destinations round robin; a destination gives an entry only while ``busy < window``. Call
-    it until None, and again after every event.
+    it until None, and again after every event. With fairness on for a transport, the job list
+    walk is replaced by fair queuing between flows composed with nqmgr (see "fair queuing" below
+    and docs/fairness.md).
 
 Completion
-    ``entry_done(entry, *, hop_failure=None, crashed=False, now)``: Postfix ``deliver_update`` +
+    ``entry_done(entry, *, hop_failure=None, crashed=False, now, service_time=None)`` (the
+    delivery's real duration, for fair queuing's G - S correction): Postfix ``deliver_update`` +
     ``entry_done``: feedback (hop_failure = (dsn, reason) is negative feedback, none is positive,
     a crash is neither), rate-delay suspension, blocker updates, slot returns, queue deletion.
     ``entry_throttled(entry, *, kind, hop, now, observed_busy=None) -> bool``: the entry's session
