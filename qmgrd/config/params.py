@@ -825,6 +825,41 @@ _TABLE: tuple[Param, ...] = (
         maximum=4096,
         qmgrd_only=True,
     ),
+    # --- fair admission into the active queue (qmgrd only; qmgrd.core.admission, issue 15) ---
+    Param(
+        "qmgr_flow_active_limit",
+        _I,
+        "0",
+        "maximum messages of one fairness flow in the active queue (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_message_rate_limit",
+        _I,
+        "0",
+        "maximum messages of one fairness flow entering the active queue per "
+        "qmgr_flow_rate_time_unit, at most that many back to back (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_rate_time_unit",
+        _T,
+        "60s",
+        "the time unit of qmgr_flow_message_rate_limit",
+        minimum=1,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_backlog_limit",
+        _I,
+        "0",
+        "SMTP intake answers 452 4.3.2 at MAIL FROM to a fairness flow with this many "
+        "messages waiting for the active queue (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
     # --- lookup tables (qmgrd.tables) ---
     Param(
         "parent_domain_matches_subdomains",

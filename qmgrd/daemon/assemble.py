@@ -38,6 +38,7 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
@@ -101,6 +102,7 @@ def create_engine(
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
     fairness = fairness_settings(cfg, warn)
+    admission = admission_settings(cfg, warn)
     engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
@@ -112,6 +114,7 @@ def create_engine(
         io=IoBatcher(),
     )
     engine.ctx.fairness = fairness
+    engine.configure_admission(admission)
     return engine
 
 
@@ -132,6 +135,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         sched = scheduler_params(cfg)
         fairness = fairness_settings(cfg, lambda text: log.warning(text))
         agents = create_agents(cfg)
+        admission = admission_settings(cfg, lambda text: log.warning(text))
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -145,6 +149,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         agents=agents,
     )
     engine.ctx.fairness = fairness  # messages loaded from now on get flows by the new settings
+    engine.configure_admission(admission)
     return cfg
 
 
@@ -229,8 +234,13 @@ class Daemon:
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
+        gate = EngineFlowGate(self.engine)
         self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
+            main,
+            self.spool,
+            on_commit=self.engine.notify_incoming,
+            observer=self.metrics.intake,
+            gate=gate,
         )
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
@@ -241,6 +251,7 @@ class Daemon:
                 committer=self.listener.committer,
                 passwords=self.listener.ctx.passwords,
                 observer=self.metrics.intake,
+                gate=gate,
             )
             self.services[settings.service] = handle
 

@@ -23,11 +23,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from qmgrd.core.flow import Flow
 from qmgrd.core.params import TransportParams
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock
-from qmgrd.daemon.flows import FairnessSettings
+from qmgrd.daemon.flows import FairnessSettings, FlowEnvelope
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.settings import EngineSettings
 from qmgrd.daemon.table import MessageTable
@@ -94,5 +95,6 @@ class EngineContext:
     fairness: FairnessSettings = field(default_factory=FairnessSettings)  # flows of new messages
     retry_delay: float = RETRY_DELAY
     stopping: bool = False
+    admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)
     log: Any = field(default_factory=lambda: get_logger("qmgr"))
     smtp_log: Any = field(default_factory=lambda: get_logger("smtp"))

@@ -13,6 +13,7 @@ the snapshot is ``EngineStatus.to_json()``: the JSON shape documented in
 
     {"uptime": 12.5, "messages_in_core": 7, "recipients_in_core": 42,
      "messages_waiting": 3, "stats": {"deliveries": 9, ...},
+     "admission": [{"flow": "sender_domain:bulk.example", "waiting": 3, "active": 7}],
      "transports": [{"name": "smtp", "dead": false, "busy": 4, "reason": null,
                      "queues": [{"name": "example.com", "nexthop": "example.com",
                                  "window": 5, "busy": 2, "todo": 0,
@@ -39,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qmgrd.core.admission import FlowBacklog
 from qmgrd.core.fairq import FairSet
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.context import EngineStats
@@ -181,6 +183,7 @@ class EngineStatus:
     messages_waiting: int
     stats: tuple[tuple[str, int], ...]  # counter name and value, in declaration order
     transports: tuple[TransportStatus, ...]
+    admission: tuple[FlowBacklog, ...] = ()  # fair admission: top flows by backlog + "other"
 
     def to_json(self) -> dict[str, Any]:
         """The wire form."""
@@ -191,6 +194,7 @@ class EngineStatus:
             "messages_waiting": self.messages_waiting,
             "stats": dict(self.stats),
             "transports": [t.to_json() for t in self.transports],
+            "admission": _admission_to_json(self.admission),
         }
 
     @classmethod
@@ -205,6 +209,7 @@ class EngineStatus:
             stats=tuple((str(k), int(v)) for k, v in stats.items()
                         if isinstance(v, int | float)),
             transports=tuple(TransportStatus.from_json(t) for t in data.get("transports") or ()),
+            admission=_admission_from_json(data.get("admission")),
         )
 
 
@@ -237,7 +242,12 @@ class StatusReply:
 
 
 def take_snapshot(
-    scheduler: Scheduler, stats: EngineStats, waiting: int, uptime: float
+    scheduler: Scheduler,
+    stats: EngineStats,
+    waiting: int,
+    uptime: float,
+    *,
+    admission: tuple[FlowBacklog, ...] = (),
 ) -> EngineStatus:
     """The engine's snapshot now (on the loop; see the module doc)."""
     transports = []
@@ -276,6 +286,21 @@ def take_snapshot(
         messages_waiting=waiting,
         stats=tuple((name, getattr(stats, name)) for name in stats.__slots__),
         transports=tuple(transports),
+        admission=admission,
+    )
+
+
+def _admission_to_json(rows: tuple[FlowBacklog, ...]) -> list[dict[str, Any]]:
+    return [{"flow": r.label, "waiting": r.waiting, "active": r.active} for r in rows]
+
+
+def _admission_from_json(data: object) -> tuple[FlowBacklog, ...]:
+    if not isinstance(data, list):
+        return ()
+    return tuple(
+        FlowBacklog(str(r.get("flow", "")), int(r.get("waiting", 0)), int(r.get("active", 0)))
+        for r in data
+        if isinstance(r, dict)
     )
 
 
