@@ -30,7 +30,9 @@ async def test_one_message_from_b_behind_a_backlog_of_a(tmp_path: Path, key: str
     async with smtp_sink(SinkConfig(stall=frozenset({"MAIL"}))) as sink:
         conf = write_config(
             tmp_path,
-            main=f"relayhost = {sink.nexthop}\ndefault_fairness_key = {key}\n",
+            # the sink holds sessions at MAIL on purpose: no timeout while the test sets up
+            main=f"relayhost = {sink.nexthop}\ndefault_fairness_key = {key}\n"
+            "smtp_mail_timeout = 120s\n",
         )
         spool = offline_spool(conf)
         for i in range(BACKLOG):
@@ -57,4 +59,4 @@ async def test_one_message_from_b_behind_a_backlog_of_a(tmp_path: Path, key: str
     if key == "none":
         assert before_b >= BACKLOG - 10, before_b
     else:
-        assert before_b <= 10, before_b
+        assert before_b <= 15, before_b  # 5 held sessions, then B with a few cached A sessions

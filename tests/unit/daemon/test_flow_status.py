@@ -88,8 +88,10 @@ def test_many_flows_are_bounded_to_the_top_and_other() -> None:
 
 
 def test_no_flow_series_without_fairness() -> None:
-    """Fairness none (the default): no flow series at all."""
+    """Fairness none (the default): no delivery-scheduler flow series at all."""
     sim = Sim({"smtp": TransportParams()})
     sim.add("m", [("smtp", "d")], flow=A)
     text = Metrics(status_fn=lambda: _status(sim)).generate().decode()
-    assert "qmgrd_flow_" not in text and "qmgrd_transport_flows" not in text
+    for name in ("backlog", "jobs", "delivered", "weight"):
+        assert f"qmgrd_flow_{name}" not in text
+    assert "qmgrd_transport_flows" not in text
