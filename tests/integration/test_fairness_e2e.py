@@ -39,11 +39,12 @@ async def test_one_message_from_b_behind_a_backlog_of_a(tmp_path: Path, key: str
             commit(spool, "bulk@a.test", [f"r{i}@dst.test"], arrival_time=time.time())
         async with running_daemon(conf, listen=False) as d:
             scheduler = d.engine.ctx.scheduler
-            # No event reports "loaded into core": poll the scheduler's count (bounded).
-            await wait_until(lambda: scheduler.message_count == BACKLOG, "A's backlog in core")
+            # No event reports "loaded and read into core": poll the scheduler's recipient
+            # count (bounded; nothing completes while the sink holds the sessions).
+            await wait_until(lambda: scheduler.rcpt_count == BACKLOG, "A's backlog in core", 60)
             await sink.wait_stalled("MAIL")
             d.enqueue("one@b.test", ["x@dst.test"])
-            await wait_until(lambda: scheduler.message_count == BACKLOG + 1, "B's message in core")
+            await wait_until(lambda: scheduler.rcpt_count == BACKLOG + 1, "B's message in core", 60)
             if key != "none":  # qmgrd status sees both flows and their backlogs
                 (smtp,) = (t for t in d.engine.snapshot().transports if t.name == "smtp")
                 flows = {f.label: f for f in smtp.flows}
