@@ -93,6 +93,7 @@ class EngineContext:
     stats: EngineStats = field(default_factory=EngineStats)
     metrics: DeliveryObserver | None = None
     fairness: FairnessSettings = field(default_factory=FairnessSettings)  # flows of new messages
+    incoming_moved: Callable[[], None] = lambda: None  # regulator: in_flow_delay tokens
     retry_delay: float = RETRY_DELAY
     stopping: bool = False
     admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)
