@@ -845,6 +845,26 @@ _TABLE: tuple[Param, ...] = (
         "the same tenant share one flow)",
         qmgrd_only=True,
     ),
+    Param(
+        "fairness_queue_count",
+        _I,
+        "64",
+        "fair queues per transport that flows are shuffle-sharded onto (bounds the state "
+        "hostile senders can create)",
+        minimum=1,
+        maximum=4096,
+        qmgrd_only=True,
+    ),
+    Param(
+        "fairness_hand_size",
+        _I,
+        "8",
+        "fair queues dealt to each flow, of which it takes the least loaded (at most "
+        "fairness_queue_count)",
+        minimum=1,
+        maximum=4096,
+        qmgrd_only=True,
+    ),
     # --- fair admission into the active queue (qmgrd only; qmgrd.core.admission, issue 15) ---
     Param(
         "qmgr_flow_active_limit",

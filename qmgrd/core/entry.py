@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from qmgrd.core.dll import Link
 
 if TYPE_CHECKING:
+    from qmgrd.core.fairq import FairQueue
     from qmgrd.core.message import Message, ResolvedRecipient
     from qmgrd.core.peer import Peer
     from qmgrd.core.queue import Queue
@@ -49,6 +50,7 @@ class Entry:
     recipients: list[ResolvedRecipient] = field(default_factory=list)
     state: EntryState = EntryState.TODO
     dflags: int = 0  # the queue's LOAD/STORE flags when selected
+    fair: FairQueue | None = None  # the fair queue charged for it while BUSY (fairness on)
     queue_link: Link[Entry] = field(init=False)  # on queue.todo or queue.busy
     peer_link: Link[Entry] = field(init=False)  # on peer.entries while TODO
 

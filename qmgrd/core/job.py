@@ -14,7 +14,9 @@ Contract
 - ``job_move_limits(job)`` gives the job's unused recipient slots back to the transport pool and
   on to the oldest job that still has unread recipients.
 - Every change of a transport's ``job_list`` is mirrored in its ``job_index``
-  (:mod:`qmgrd.core.jobindex`), where the candidate search runs; ``job_free`` breaks the job's
+  (:mod:`qmgrd.core.jobindex`), where the candidate search runs, and, with fairness on
+  (``transport.fair``), in its fair set (:mod:`qmgrd.core.fairq`: linking deals the job's flow a
+  fair queue, a preempting job goes to the head of its queue); ``job_free`` breaks the job's
   link cycles so that it is freed by reference counting.
 
 Theory of operation (seed SCHEDULER_README 3.x, "How the preemption works")
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from qmgrd.core.dll import DList, Link
+from qmgrd.core.fairq import FairJob
 from qmgrd.core.jobindex import candidate_search, index_touch
 from qmgrd.errors import InvariantError
 
@@ -83,6 +86,7 @@ class Job:
     transport_link: Link[Job] = field(init=False)  # on transport.job_list
     time_link: Link[Job] = field(init=False)  # on transport.job_bytime
     index_chunk: Chunk | None = None  # where it sits in transport.job_index (None: not linked)
+    fair: FairJob | None = None  # its fair-queue record while transport.fair is set
 
     def __post_init__(self) -> None:
         """Create the two list links."""
@@ -165,6 +169,18 @@ def _job_link(job: Job) -> None:
         job.rcpt_limit += transport.rcpt_unused
         message.rcpt_limit += transport.rcpt_unused
         transport.rcpt_unused = 0
+    if transport.fair is not None:
+        job_fair_link(job)
+
+
+def job_fair_link(job: Job) -> None:
+    """Put a linked job in its flow's fair queue (fairness on; qmgrd.core.fairq)."""
+    transport = job.transport
+    assert transport.fair is not None
+    fj = job.fair
+    if fj is None:
+        fj = job.fair = FairJob(job, job.message.flow_for(transport.name))
+    transport.fair.job_linked(fj)
 
 
 def _job_unlink(job: Job) -> None:
@@ -186,6 +202,8 @@ def _job_unlink(job: Job) -> None:
     for child in job.stack_children:
         child.stack_parent = None
     job.stack_children.clear()
+    if job.fair is not None and job.fair.queue is not None and transport.fair is not None:
+        transport.fair.job_unlinked(job.fair)
     transport.job_list.unlink(job.transport_link)
     transport.job_index.remove(job)
     transport.job_bytime.unlink(job.time_link)
@@ -206,6 +224,8 @@ def job_obtain(message: Message, transport: Transport) -> Job:
         job.read_wait = False
         head = transport.job_list.head
         transport.job_current = head.item if head is not None else None
+        if job.fair is not None and transport.fair is not None:
+            transport.fair.job_ready(job.fair)
     return job
 
 
@@ -233,6 +253,9 @@ def job_free(job: Job) -> None:
     del job.message.jobs[job.transport.name]
     job.transport_link.release()
     job.time_link.release()
+    if job.fair is not None:
+        job.fair.link.release()
+        job.fair = None
 
 
 # --------------------------------------------------------------------------- slot flow
@@ -341,6 +364,8 @@ def job_preempt(current: Job, now: float) -> Job:
     cand.stack_level = current.stack_level + 1
     transport.job_current = cand
     transport.reset_candidate_cache()
+    if cand.fair is not None and transport.fair is not None:
+        transport.fair.job_first(cand.fair)
 
     current.slots_available -= expected * p.delivery_slot_cost
     cand.slots_used = -expected

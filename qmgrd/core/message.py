@@ -22,8 +22,11 @@ Read state (the rule for asynchronous reads):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from qmgrd.core.flow import FLOW_NONE, Flow
 
 if TYPE_CHECKING:
     from qmgrd.core.job import Job
@@ -78,3 +81,14 @@ class Message:
     refill_timer_at: float | None = None  # pending refill-delay wake-up (lazy heap token)
     jobs: dict[str, Job] = field(default_factory=dict)  # by transport name
     finished: bool = False  # reported done and freed
+    flow: Flow = FLOW_NONE  # fairness flow (qmgrd.daemon.flows); FLOW_NONE = fairness none
+    transport_flows: Mapping[str, Flow] | None = None  # per-transport flows overriding ``flow``
+
+    def flow_for(self, transport: str) -> Flow:
+        """The message's flow on ``transport``."""
+        flows = self.transport_flows
+        if flows:
+            found = flows.get(transport)
+            if found is not None:
+                return found
+        return self.flow

@@ -80,6 +80,10 @@ class TransportParams:
     transport_rate_delay: float = 0.0
     destination_concurrency_learning: bool = True  # refusals while busy are "full" (scheduler)
     destination_throttle_delay: float = 10.0  # first pause after a throttling reply
+    # fair queuing between flows (qmgrd.core.fairq): off = Postfix's schedules exactly
+    fairness: bool = False  # <transport>_fairness_key is not none
+    fairness_queue_count: int = 64  # fair queues of the transport (seed/APF default)
+    fairness_hand_size: int = 8  # queues dealt to each flow (seed/APF default)
 
     def __post_init__(self) -> None:
         """Check bounds as Postfix's configuration tables do."""
@@ -98,6 +102,13 @@ class TransportParams:
         _at_least("destination_rate_delay", self.destination_rate_delay, 0.0)
         _at_least("transport_rate_delay", self.transport_rate_delay, 0.0)
         _at_least("destination_throttle_delay", self.destination_throttle_delay, 0.0)
+        _at_least("fairness_queue_count", self.fairness_queue_count, 1)
+        _at_least("fairness_hand_size", self.fairness_hand_size, 1)
+        if self.fairness_hand_size > self.fairness_queue_count:
+            raise ConfigError(
+                f"fairness_hand_size = {self.fairness_hand_size}: must be at most "
+                f"fairness_queue_count ({self.fairness_queue_count})"
+            )
         if not 0 <= self.delivery_slot_discount <= 100:
             raise ConfigError(
                 f"delivery_slot_discount = {self.delivery_slot_discount}: must be 0..100"

@@ -8,9 +8,11 @@ clock: every time is an argument ``now`` (seconds, one reading per event).
 
 Messages and reads
     ``message_create(queue_id, *, queued_time, rcpt_unread, single_rcpt=False, rcpt_offset=0,
-    payload=None) -> Message`` registers a message and queues the read request for its first batch
-    (budget ``max(qmgr_message_recipient_limit - in-core, qmgr_message_recipient_minimum)``, at
-    most 5000). ``pop_reads() -> list[ReadRequest]`` drains every pending read request (the first
+    payload=None, flow=FLOW_NONE, transport_flows=None) -> Message`` registers a message (its
+    fairness flow matters only on transports with ``TransportParams.fairness``) and queues the
+    read request for its first batch (budget
+    ``max(qmgr_message_recipient_limit - in-core, qmgr_message_recipient_minimum)``, at most
+    5000). ``pop_reads() -> list[ReadRequest]`` drains every pending read request (the first
     batch, refills requested by entry selection, the refill after the last entry finished, and
     refill-delay timers); each request is returned exactly once. The engine reads up to
     ``request.limit`` recipients from ``request.offset``, resolves them and calls
@@ -28,10 +30,13 @@ Dispatch
     ``select(now) -> Entry | None``: transports round robin (skipping dead and rate-locked ones and
     those with ``busy >= process_limit``), then the job list with preemption and blockers, then the
     job's destinations round robin; a destination gives an entry only while ``busy < window``. Call
-    it until None, and again after every event.
+    it until None, and again after every event. With fairness on for a transport, the job list
+    walk is replaced by fair queuing between flows composed with nqmgr (see "fair queuing" below
+    and docs/fairness.md).
 
 Completion
-    ``entry_done(entry, *, hop_failure=None, crashed=False, now)``: Postfix ``deliver_update`` +
+    ``entry_done(entry, *, hop_failure=None, crashed=False, now, service_time=None)`` (the
+    delivery's real duration, for fair queuing's G - S correction): Postfix ``deliver_update`` +
     ``entry_done``: feedback (hop_failure = (dsn, reason) is negative feedback, none is positive,
     a crash is neither), rate-delay suspension, blocker updates, slot returns, queue deletion.
     ``entry_throttled(entry, *, kind, hop, now, observed_busy=None) -> bool``: the entry's session
@@ -92,7 +97,7 @@ from __future__ import annotations
 
 import heapq
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
 
 from qmgrd.core.dll import DList, Link
@@ -107,6 +112,8 @@ from qmgrd.core.events import (
     TransportDead,
     TransportRevived,
 )
+from qmgrd.core.fairq import FairSet, fair_complete, fair_configure
+from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.job import (
     Job,
     job_count_slots,
@@ -201,12 +208,14 @@ class Scheduler:
             if new.transport_rate_delay <= 0 and transport.rate_locked:
                 transport.rate_locked = False
                 transport.unlock_at = None
+            fair_configure(transport)
 
     def _transport_obtain(self, name: str) -> Transport:
         transport = self._transports.get(name)
         if transport is None:
             params = self._transport_params(name)
             transport = Transport(name, params, rcpt_unused=params.recipient_limit)
+            fair_configure(transport)
             self._transports[name] = transport
             self._transport_list.prepend(transport.link)
         return transport
@@ -222,8 +231,13 @@ class Scheduler:
         single_rcpt: bool = False,
         rcpt_offset: int = 0,
         payload: object = None,
+        flow: Flow = FLOW_NONE,
+        transport_flows: Mapping[str, Flow] | None = None,
     ) -> Message:
-        """Register a message entering the active queue and request its first batch."""
+        """Register a message entering the active queue and request its first batch.
+
+        ``flow`` (and ``transport_flows``, per-transport overrides) only matter on transports
+        with fairness on (``TransportParams.fairness``); FLOW_NONE everywhere = nqmgr exactly."""
         if queue_id in self._messages:
             raise InvariantError(f"message_create: {queue_id} is already in core")
         if len(self._messages) >= self.params.qmgr_message_active_limit:
@@ -236,6 +250,8 @@ class Scheduler:
             single_rcpt=single_rcpt,
             payload=payload,
             rcpt_offset=rcpt_offset,
+            flow=flow,
+            transport_flows=transport_flows or None,
         )
         self._messages[queue_id] = message
         in_core = self.rcpt_count + self._reserved
@@ -299,6 +315,8 @@ class Scheduler:
                 if job.stack_level >= 0:
                     head = job.transport.job_list.head
                     job.transport.job_current = head.item if head is not None else None
+                    if job.fair is not None and job.transport.fair is not None:
+                        job.transport.fair.job_ready(job.fair)
 
         deferred: dict[tuple[str, str], list[ResolvedRecipient]] = {}
         self._assign(message, recipients, deferred)
@@ -396,7 +414,10 @@ class Scheduler:
             ):
                 link = nxt
                 continue
-            entry = self._job_entry_select(transport, now)
+            if transport.fair is None:
+                entry = self._job_entry_select(transport, now)
+            else:
+                entry = self._fair_entry_select(transport, transport.fair, now)
             if entry is not None:
                 self._transport_list.rotate(link)
                 transport.busy += 1
@@ -439,6 +460,61 @@ class Scheduler:
             else:
                 job_retire(job)
             link = nxt
+        transport.job_current = None
+        return None
+
+    # ------------------------------------------------------------------ fair queuing (fairq.py)
+    #
+    # With fairness on for a transport (``transport.fair``), selection composes nqmgr with fair
+    # queuing (docs/fairness.md, "Composition"): (1) nqmgr's preemption step runs unchanged on
+    # the job last selected; a job that preempts goes to the head of its flow's fair queue;
+    # (2) the fair set offers its queues in increasing virtual finish time; (3) within a queue,
+    # its jobs are walked in FIFO order from the queue's cursor with nqmgr's per-job rules
+    # (blockers skipped, refill, read_wait, retire, round-robin peers, window check); the first
+    # entry found is charged to the queue. A queue whose walk finds nothing is marked exhausted
+    # at the current blocker tag and the next queue is tried; a blocker-tag bump, a new job or
+    # new recipients in the queue clear the mark, exactly when nqmgr restarts its own walk.
+    # The per-job rules below are the lines of _job_entry_select's loop, repeated on purpose:
+    # nqmgr's own path stays byte for byte as it is (and as fast) when fairness is off.
+
+    def _fair_entry_select(self, transport: Transport, fair: FairSet, now: float) -> Entry | None:
+        """Entry selection with fair queuing between flows (the block comment above)."""
+        current = transport.job_current
+        if current is not None and transport.params.delivery_slot_cost >= 2:
+            job_preempt(current, now)
+        tag = transport.blocker_tag
+        fq = fair.best(tag)
+        while fq is not None:
+            fj = fq.current if fq.cursor_tag == tag else None
+            link = fj.link if fj is not None else fq.jobs.head
+            while link is not None:
+                fj = link.item
+                nxt = link.next
+                job = fj.job
+                if job.blocker_tag != tag:
+                    peer = self._job_peer_select(job, now)
+                    if peer is not None:
+                        entry = self._entry_select(peer, now)
+                        job_count_slots(job)
+                        transport.job_current = job
+                        fq.current, fq.cursor_tag = fj, tag
+                        entry.fair = fair.dispatch(fj, now)
+                        if not job.has_entries and not job.message.more:
+                            job_retire(job)
+                        return entry
+                    if job.has_entries:
+                        job.blocker_tag = tag
+                        for p in job.peer_list:
+                            if p.entries:
+                                p.queue.blocker_tag = tag
+                    elif job.message.reading:
+                        job.read_wait = True
+                    else:
+                        job_retire(job)
+                link = nxt
+            fq.exhausted_tag = tag
+            fq.current = None
+            fq = fair.best(tag)
         transport.job_current = None
         return None
 
@@ -498,12 +574,18 @@ class Scheduler:
         hop_failure: tuple[str, str] | None = None,
         crashed: bool = False,
         now: float,
+        service_time: float | None = None,
     ) -> None:
-        """A delivery finished (notes §8): feedback, then dispose of the entry."""
+        """A delivery finished (notes §8): feedback, then dispose of the entry.
+
+        ``service_time`` (S, seconds the delivery really took) corrects the fair-queuing charge
+        by G - S (``qmgrd.core.fairq``); None leaves the guess G standing."""
         if entry.state is not EntryState.BUSY:
             raise InvariantError(f"entry_done: entry is {entry.state.value}, not busy")
         queue = entry.queue
         transport = queue.transport
+        if entry.fair is not None:
+            fair_complete(transport, entry, service_time, now)
         window = queue.window
         if not crashed:
             if hop_failure is not None:
@@ -756,6 +838,8 @@ class Scheduler:
         entry.peer.job.selected_entries -= 1
         entry.state = EntryState.TODO
         queue.transport.busy -= 1
+        if entry.fair is not None:
+            fair_complete(queue.transport, entry, None, None)
 
     def _transport_revive(self, transport: Transport) -> None:
         transport.dead = False

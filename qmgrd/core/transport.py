@@ -25,6 +25,7 @@ from qmgrd.core.dll import DList, Link
 from qmgrd.core.jobindex import JobIndex
 
 if TYPE_CHECKING:
+    from qmgrd.core.fairq import FairSet
     from qmgrd.core.job import Job
     from qmgrd.core.params import TransportParams
     from qmgrd.core.queue import Queue
@@ -59,6 +60,7 @@ class Transport:
     # a queue re-created moments later still detects back-to-back deliveries (see
     # Scheduler._queue_delete; a measured difference from Postfix, DESIGN §9).
     recent_done: dict[str, float] = field(default_factory=dict)
+    fair: FairSet | None = None  # fair queuing between flows (qmgrd.core.fairq); None = off
     link: Link[Transport] = field(init=False)  # on the scheduler's round-robin list
 
     def __post_init__(self) -> None:

@@ -52,6 +52,7 @@ from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.flows import fairness_settings
 from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
@@ -118,6 +119,7 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
+    fairness = fairness_settings(cfg, warn)
     admission = admission_settings(cfg, warn)
     engine = Engine(
         settings=settings,
@@ -129,6 +131,7 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.ctx.fairness = fairness
     engine.configure_admission(admission)
     return engine
 
@@ -148,6 +151,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         params = transport_params_fn(cfg, lambda text: log.warning(text))
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
+        fairness = fairness_settings(cfg, lambda text: log.warning(text))
         agents = create_agents(cfg)
         admission = admission_settings(cfg, lambda text: log.warning(text))
     except (ConfigError, ValueError) as exc:
@@ -162,6 +166,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.ctx.fairness = fairness  # messages loaded from now on get flows by the new settings
     engine.configure_admission(admission)
     return cfg
 

@@ -9,8 +9,8 @@ batcher), the :class:`~qmgrd.daemon.table.MessageTable`, the counters and two
 callbacks into the loop: ``spawn(coro, delivery=False)`` starts a task the
 loop supervises (a failure in it is a bug and stops the daemon, see
 ``qmgrd.daemon.engine``) and ``kick()`` makes the loop run a pass. Reload
-replaces ``settings``, ``resolver``, ``transport_params`` and ``agents`` in
-place; every part reads them through the context, so no part keeps a stale
+replaces ``settings``, ``resolver``, ``transport_params``, ``agents`` and
+``fairness`` in place; every part reads them through the context, so no part keeps a stale
 copy.
 
 Parts never call each other's private methods: the loop (``engine``) wires
@@ -28,7 +28,7 @@ from qmgrd.core.params import TransportParams
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock
-from qmgrd.daemon.flows import FlowEnvelope
+from qmgrd.daemon.flows import FairnessSettings, FlowEnvelope
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.settings import EngineSettings
 from qmgrd.daemon.table import MessageTable
@@ -92,6 +92,7 @@ class EngineContext:
     table: MessageTable = field(default_factory=MessageTable)
     stats: EngineStats = field(default_factory=EngineStats)
     metrics: DeliveryObserver | None = None
+    fairness: FairnessSettings = field(default_factory=FairnessSettings)  # flows of new messages
     incoming_moved: Callable[[], None] = lambda: None  # regulator: in_flow_delay tokens
     retry_delay: float = RETRY_DELAY
     stopping: bool = False

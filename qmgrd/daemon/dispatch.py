@@ -18,7 +18,9 @@ error``), an agent that returns too few results gets ``4.3.0 delivery agent
 gave no result`` for the missing ones. A session refused because the destination is
 full or throttling (``result.throttle``) hands the entry back to the scheduler
 (``entry_throttled``: its destination's todo list, no feedback) when the scheduler
-accepts that reading; otherwise it is an ordinary hop failure. The outcome is recorded
+accepts that reading; otherwise it is an ordinary hop failure. The scheduler
+gets the delivery's real duration (``service_time``, for fair queuing's G - S
+correction). The outcome is recorded
 (``qmgrd.daemon.outcomes``) and only then does the scheduler hear of the
 entry: exactly once, whatever fails in between, so a message can never hang
 in core waiting for an entry nobody will complete.
@@ -80,7 +82,7 @@ class Dispatcher:
                 # Held, deleted, requeued or expired by the operator: hand nothing more out;
                 # the recipients stay R (a "crash" gives no feedback and marks nothing).
                 active_of(entry.message).deferred = True  # never "all done" with R left
-                ctx.scheduler.entry_done(entry, crashed=True, now=now)
+                ctx.scheduler.entry_done(entry, crashed=True, now=now, service_time=0.0)
                 continue
             agent = ctx.agents.get(entry.transport)
             if agent is None:
@@ -161,7 +163,9 @@ class Dispatcher:
         finally:
             # Exactly once, even if recording failed: the message must be able to finish.
             ctx.stats.deliveries += 1
-            ctx.scheduler.entry_done(entry, hop_failure=hop, crashed=crashed, now=now)
+            ctx.scheduler.entry_done(
+                entry, hop_failure=hop, crashed=crashed, now=now, service_time=now - started
+            )
             ctx.kick()
 
 

@@ -104,6 +104,8 @@ def parse_weight(value: str) -> tuple[float, str]:
     tenant = parts[1] if len(parts) == 2 else ""
     if tenant and not _TENANT.match(tenant):
         raise ValueError(f"tenant {tenant!r} is not a name of letters, digits, '.', '_', '-'")
+    if tenant == "other":
+        raise ValueError("tenant 'other' is reserved (status and metrics sum small flows in it)")
     return weight, tenant
 
 
@@ -197,7 +199,14 @@ def _check_values(cfg: Config, spec: str, table: LookupTable) -> None:
 def fairness_settings(
     cfg: Config, warn: Callable[[str], None] = lambda _text: None
 ) -> FairnessSettings:
-    """The fairness settings of ``cfg``; ConfigError for a bad weight table (module doc)."""
+    """The fairness settings of ``cfg``; ConfigError for a bad weight table (module doc) or a
+    hand larger than the queue set."""
+    queues, hand = cfg.get_int("fairness_queue_count"), cfg.get_int("fairness_hand_size")
+    if hand > queues:
+        raise ConfigError(
+            f"{setting_where(cfg, 'fairness_hand_size')} = {hand}: must be at most "
+            f"fairness_queue_count ({queues})"
+        )
     default = cfg.get_str("default_fairness_key")
     overrides: dict[str, str] = {}
     for name in cfg.master:

@@ -15,13 +15,14 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
   Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
-  (notes §9), parses the envelope and registers the message with the
-  scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
-  any way) goes to ``corrupt/``; one that vanished (an operator took it) is
-  forgotten; a disk error leaves it where it was, to be loaded again. A
-  system error while opening the moved file (``QueueFileIOError``: EMFILE,
-  EIO, EACCES, ...) says nothing about the file: it is moved back where it
-  came from and loaded again later (logged), never quarantined.
+  (notes §9), parses the envelope and registers the message with the scheduler
+  (IN_CORE) with its fairness flow (``qmgrd.daemon.flows``). A file that
+  cannot be parsed (or whose parse fails in any way) goes to ``corrupt/``; one
+  that vanished (an operator took it) is forgotten; a disk error leaves it
+  where it was, to be loaded again. A system error while opening the moved
+  file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
+  file: it is moved back where it came from and loaded again later (logged),
+  never quarantined.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -48,6 +49,7 @@ from qmgrd.core.message import ReadRequest, ResolvedRecipient
 from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
+from qmgrd.daemon.flows import flow_of, transport_flows
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.flowgate import FlowFacts
@@ -233,6 +235,8 @@ class Loader:
             rcpt_unread=qf.rcpt_count,
             rcpt_offset=qf.first_recipient_offset,
             payload=msg,
+            flow=flow_of(qf, ctx.fairness),
+            transport_flows=transport_flows(qf, ctx.fairness),
         )
         ctx.stats.messages_loaded += 1
         if src == "incoming":

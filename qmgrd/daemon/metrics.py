@@ -25,6 +25,8 @@ Two kinds of series (docs/operations.md lists every one and how to read it):
   id (no file is opened); an empty queue is 0. Read at scrape time off the
   loop, as ``qmgrd_queue_oldest_message_age_seconds{queue}``.
 - ``qmgrd_build_info{version,python} 1``.
+- **Flows** (fair queuing): per transport with fairness on, the top flows by backlog and
+  ``other`` (``qmgrd.daemon.metrics_flows``).
 
 Labels are never empty: a caller that passes an empty label value is a bug
 (``InvariantError``).
@@ -55,6 +57,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from qmgrd import __version__
+from qmgrd.daemon.metrics_flows import flow_metrics
 from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
 from qmgrd.daemon.metrics_intake import NULL_INTAKE, IntakeMetrics, IntakeObserver
 from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
@@ -409,3 +412,4 @@ def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
     for _todo, name, dest in dead_ranked[:top]:
         d_dead.add_metric((name, dest), 1)
     yield from (t_busy, t_dead, t_dests, t_dead_dests, d_window, d_busy, d_todo, d_dead)
+    yield from flow_metrics(status)  # bounded: top flows + "other" (qmgrd.daemon.metrics_flows)

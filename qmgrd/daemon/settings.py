@@ -120,6 +120,10 @@ def _transport_params(cfg: Config, name: str, warn: Callable[[str], None]) -> Tr
         transport_rate_delay=float(tv.get_time("transport_rate_delay")),
         destination_concurrency_learning=tv.get_bool("destination_concurrency_learning"),
         destination_throttle_delay=float(tv.get_time("destination_throttle_delay")),
+        # fair queuing between flows (qmgrd.daemon.flows checks these at load)
+        fairness=tv.get_str("fairness_key") != "none",
+        fairness_queue_count=cfg.get_int("fairness_queue_count"),
+        fairness_hand_size=cfg.get_int("fairness_hand_size"),
     )
 
 

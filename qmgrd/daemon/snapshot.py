@@ -17,7 +17,17 @@ the snapshot is ``EngineStatus.to_json()``: the JSON shape documented in
      "transports": [{"name": "smtp", "dead": false, "busy": 4, "reason": null,
                      "queues": [{"name": "example.com", "nexthop": "example.com",
                                  "window": 5, "busy": 2, "todo": 0,
-                                 "state": "ready", "reason": null}]}]}
+                                 "state": "ready", "reason": null}],
+                     "fair": true, "flows_total": 2,
+                     "flows": [{"label": "sender_domain:a.example", "weight": 1.0,
+                                "jobs": 3, "backlog": 40, "delivered": 12}]}]}
+
+Flows (fair queuing, ``qmgrd.core.fairq``) are listed only for transports with fairness on:
+the ``FLOW_TOP`` flows with the largest backlog (TODO entries in core), then one ``other``
+entry summing the rest, so a sender who makes thousands of flows cannot make the reply or the
+metrics' label set grow (the tenant name ``other`` is reserved for it). ``delivered`` counts
+deliveries since the flow last became known (it is forgotten when it has no job in core);
+``weight`` of ``other`` is 0.
 
 ``StatusReply.from_json(reply)`` reads such a reply back (the CLI side),
 leniently: a missing field takes its zero value, so an older or newer daemon
@@ -31,10 +41,56 @@ from dataclasses import dataclass
 from typing import Any
 
 from qmgrd.core.admission import FlowBacklog
+from qmgrd.core.fairq import FairSet
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.context import EngineStats
 
-__all__ = ["DestinationStatus", "EngineStatus", "StatusReply", "TransportStatus", "take_snapshot"]
+__all__ = [
+    "FLOW_TOP",
+    "DestinationStatus",
+    "EngineStatus",
+    "FlowStatus",
+    "StatusReply",
+    "TransportStatus",
+    "take_snapshot",
+]
+
+FLOW_TOP = 20
+"""Flows listed per transport; the rest are summed in one ``other`` entry."""
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class FlowStatus:
+    """One flow of a transport with fairness on (or ``other``: the sum of the rest)."""
+
+    label: str
+    weight: float
+    jobs: int
+    backlog: int  # TODO entries in core
+    delivered: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The wire form."""
+        return {
+            "label": self.label,
+            "weight": self.weight,
+            "jobs": self.jobs,
+            "backlog": self.backlog,
+            "delivered": self.delivered,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FlowStatus:
+        """Read the wire form back (missing fields: zero values)."""
+        weight = data.get("weight", 0.0)
+        return cls(
+            label=str(data.get("label", "")),
+            weight=float(weight) if isinstance(weight, int | float) else 0.0,
+            jobs=int(data.get("jobs", 0)),
+            backlog=int(data.get("backlog", 0)),
+            delivered=int(data.get("delivered", 0)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +141,9 @@ class TransportStatus:
     busy: int
     reason: str | None
     queues: tuple[DestinationStatus, ...]
+    fair: bool = False  # fair queuing between flows is on
+    flows_total: int = 0  # flows known to the transport (listed or in ``other``)
+    flows: tuple[FlowStatus, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The wire form."""
@@ -94,6 +153,9 @@ class TransportStatus:
             "busy": self.busy,
             "reason": self.reason,
             "queues": [q.to_json() for q in self.queues],
+            "fair": self.fair,
+            "flows_total": self.flows_total,
+            "flows": [f.to_json() for f in self.flows],
         }
 
     @classmethod
@@ -105,6 +167,9 @@ class TransportStatus:
             busy=int(data.get("busy", 0)),
             reason=_opt_str(data.get("reason")),
             queues=tuple(DestinationStatus.from_json(q) for q in data.get("queues") or ()),
+            fair=bool(data.get("fair", False)),
+            flows_total=int(data.get("flows_total", 0)),
+            flows=tuple(FlowStatus.from_json(f) for f in data.get("flows") or ()),
         )
 
 
@@ -209,6 +274,9 @@ def take_snapshot(
                 busy=transport.busy,
                 reason=" ".join(transport.dsn) if transport.dsn else None,
                 queues=tuple(queues),
+                fair=transport.fair is not None,
+                flows_total=len(transport.fair.flows) if transport.fair is not None else 0,
+                flows=_flows(transport.fair) if transport.fair is not None else (),
             )
         )
     return EngineStatus(
@@ -234,6 +302,37 @@ def _admission_from_json(data: object) -> tuple[FlowBacklog, ...]:
         for r in data
         if isinstance(r, dict)
     )
+
+
+def _flows(fair: FairSet, top: int = FLOW_TOP) -> tuple[FlowStatus, ...]:
+    """The ``top`` flows by backlog, then ``other`` (module doc); walks the linked jobs."""
+    backlog: dict[str, int] = dict.fromkeys(fair.flows, 0)
+    for queue in fair.queues:
+        for fj in queue.jobs:
+            job = fj.job
+            backlog[fj.flow.key] = backlog.get(fj.flow.key, 0) + max(
+                0, job.read_entries - job.selected_entries
+            )
+    rows = sorted(
+        fair.flows.values(),
+        key=lambda s: (-backlog.get(s.flow.key, 0), -s.dispatched, s.flow.key),
+    )
+    out = [
+        FlowStatus(s.flow.label, s.flow.weight, s.jobs, backlog.get(s.flow.key, 0), s.dispatched)
+        for s in rows[:top]
+    ]
+    rest = rows[top:]
+    if rest:
+        out.append(
+            FlowStatus(
+                OTHER,
+                0.0,
+                sum(s.jobs for s in rest),
+                sum(backlog.get(s.flow.key, 0) for s in rest),
+                sum(s.dispatched for s in rest),
+            )
+        )
+    return tuple(out)
 
 
 def _opt_str(value: object) -> str | None:

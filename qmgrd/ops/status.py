@@ -25,6 +25,13 @@ reply itself)::
       destination                 window busy todo state
       example.com                      5    2    0 ready
       example.net                      1    0    3 dead (connect to ...: refused)
+      flows: 2 (fair queuing; share = delivered / all delivered)
+      flow                    weight jobs backlog delivered  share
+      sender_domain:a.test         1   40      40        12  33.3%
+      tenant:bulk                0.5    3     200        24  66.7%
+
+The flow table appears for transports with fairness on; it lists at most
+``FLOW_TOP`` flows by backlog and sums the rest in ``other``.
 
 The admission lines (fair admission, issue 15) name the top flows by messages
 waiting for the active queue; the rest are summed as ``other``.
@@ -160,4 +167,24 @@ def _transport_lines(transport: TransportStatus) -> list[str]:
         state = printable(q.state) + (f" ({printable(q.reason)})" if q.reason else "")
         window = f"{q.window:g}" if isinstance(q.window, float) else str(q.window)
         lines.append(f"  {name:<{width}} {window:>6} {q.busy:>4} {q.todo:>4} {state}")
+    if transport.fair:
+        lines.extend(_flow_lines(transport))
+    return lines
+
+
+def _flow_lines(transport: TransportStatus) -> list[str]:
+    """The flow table of a transport with fairness on (module doc)."""
+    lines = [f"  flows: {transport.flows_total} (fair queuing; share = delivered / all delivered)"]
+    if not transport.flows:
+        return lines
+    labels = [printable(f.label) for f in transport.flows]
+    width = max(len("flow"), *(len(label) for label in labels))
+    total = sum(f.delivered for f in transport.flows)
+    lines.append(f"  {'flow':<{width}} weight jobs backlog delivered  share")
+    for f, label in zip(transport.flows, labels, strict=True):
+        share = f"{100.0 * f.delivered / total:5.1f}%" if total else "    -"
+        weight = f"{f.weight:g}" if f.weight else "-"
+        lines.append(
+            f"  {label:<{width}} {weight:>6} {f.jobs:>4} {f.backlog:>7} {f.delivered:>9} {share}"
+        )
     return lines

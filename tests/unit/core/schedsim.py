@@ -14,6 +14,7 @@ from qmgrd.core import (
     SchedulerParams,
     TransportParams,
 )
+from qmgrd.core.flow import FLOW_NONE, Flow
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Sim:
         queued_time: float | None = None,
         serve: bool = True,
         single_rcpt: bool = False,
+        flow: Flow = FLOW_NONE,
     ) -> Message:
         """Put a message with (transport, queue) recipients in core; serve its reads."""
         self.files[qid] = [
@@ -53,6 +55,7 @@ class Sim:
             queued_time=self.now if queued_time is None else queued_time,
             rcpt_unread=len(rcpts),
             single_rcpt=single_rcpt,
+            flow=flow,
         )
         if serve:
             self.serve_reads()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import gc
 from collections import Counter
 
+import pytest
+
 from qmgrd.core import Entry, SchedulerParams, TransportParams
+from qmgrd.core.flow import Flow
 from tests.unit.core.schedsim import Sim
 
 
@@ -13,7 +16,8 @@ def _workload(sim: Sim) -> None:
     """Preemption, a dead destination, a crash, a dead transport and refills, to completion."""
     sim.add("big", [("smtp", f"d{i % 7}") for i in range(60)], queued_time=sim.now - 50)
     for i in range(12):
-        sim.add(f"s{i}", [("smtp", "d1"), ("relay", "bad"), ("smtp", f"x{i}")])
+        flow = Flow(f"sender:s{i % 3}")  # ignored where fairness is off
+        sim.add(f"s{i}", [("smtp", "d1"), ("relay", "bad"), ("smtp", f"x{i}")], flow=flow)
     busy: list[Entry] = []
     failed_relay = False
     for step in range(5000):
@@ -39,9 +43,12 @@ def _workload(sim: Sim) -> None:
     assert sim.sched.message_count == 0
 
 
-def test_finished_messages_leave_no_cyclic_garbage() -> None:
-    """After a workload runs to completion with the GC off, a collection finds no core objects."""
+@pytest.mark.parametrize("fairness", [False, True])
+def test_finished_messages_leave_no_cyclic_garbage(fairness: bool) -> None:
+    """After a workload runs to completion with the GC off, a collection finds no core objects
+    (fair queuing on or off)."""
     params = TransportParams(
+        fairness=fairness,
         process_limit=4,
         destination_concurrency_limit=2,
         destination_recipient_limit=2,

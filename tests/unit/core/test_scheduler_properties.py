@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -14,6 +15,7 @@ from qmgrd.core import (
     SchedulerParams,
     TransportParams,
 )
+from qmgrd.core.flow import FLOW_NONE, Flow
 from tests.unit.core.schedsim import Sim
 
 TRANSPORTS = ("smtp", "relay", "local")
@@ -145,6 +147,15 @@ def test_random_workloads_keep_invariants(
     When the core is empty every transport pool
     is back at recipient_limit and nothing is reserved, linked or queued.
     """
+    check_workload(work)
+
+
+Work = tuple[SchedulerParams, dict[str, TransportParams], list[list[tuple[str, str]]], list[int]]
+
+
+def check_workload(work: Work, flow_of: Callable[[int], Flow] | None = None) -> None:
+    """The invariants of ``test_random_workloads_keep_invariants`` for one workload; message
+    ``i`` gets flow ``flow_of(i)`` (fairness tests), FLOW_NONE without it."""
     sp, tps, messages, script = work
     sim = Sim(tps, sp)
     busy: list[Entry] = []
@@ -206,7 +217,7 @@ def test_random_workloads_keep_invariants(
     def add_message() -> None:
         if pending and sim.sched.message_count < sp.qmgr_message_active_limit:
             i, rcpts = pending.pop(0)
-            sim.add(str(i), rcpts, serve=False)
+            sim.add(str(i), rcpts, serve=False, flow=flow_of(i) if flow_of else FLOW_NONE)
 
     def complete(choice: int) -> None:
         if not busy:

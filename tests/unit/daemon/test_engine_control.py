@@ -145,3 +145,39 @@ async def test_operations_on_unknown_ids_report_not_found(tmp_path: Path, op: Op
     task = await run_until_idle(engine)
     assert await engine.operate(op, ["0000000000000ZZ"]) == {"0000000000000ZZ": "not found"}
     await stop_engine(engine, task)
+
+
+async def test_reload_turns_fair_queuing_on_for_new_and_live_mail(tmp_path: Path) -> None:
+    """A reload that sets default_fairness_key gives the live transport a fair set holding the
+    messages in core, and messages loaded afterwards get flows by the new key; a weight table
+    with a bad value is refused and changes nothing."""
+    agent = stalled_agent()
+    engine, spool, clock = create_test_engine(tmp_path, FakeAgent())
+    engine.agents = {"smtp": agent}
+    submit(spool, clock, "s@a.test", [f"u{i}@x.test" for i in range(12)])
+    task = asyncio.create_task(engine.run())
+    await agent.wait_started(1)
+    transport = engine.scheduler.find_transport("smtp")
+    assert transport is not None and transport.fair is None
+    conf = tmp_path / "etc" / "main.cf"
+    conf.write_text(conf.read_text() + "default_fairness_key = sender_domain\n")
+    assert reload_engine(engine, tmp_path / "etc") is not None
+    assert engine.ctx.fairness.default_key == "sender_domain"
+    assert transport.fair is not None
+    assert transport.fair.flows == {}  # the one entry in core is in flight: its job is retired
+    engine.agents = {"smtp": agent}  # the reload made real agents: keep the stalled one
+    qid = submit(spool, clock, "t@b.test", ["v@y.test"])
+    engine.notify_incoming(qid)
+    await agent.wait_started(2)
+    message = engine.scheduler.find_message(qid)
+    assert message is not None and message.flow.key == "sender_domain:b.test"
+    (entry,) = transport.queues["y.test"].busy
+    assert entry.fair is not None  # charged to its flow's fair queue (the first one was not)
+    assert transport.fair.executing == 1
+    (tmp_path / "etc" / "w").write_text("b.test heavy\n")
+    conf.write_text(conf.read_text() + "fairness_weight_maps = texthash:w\n")
+    assert reload_engine(engine, tmp_path / "etc") is None
+    assert engine.ctx.fairness.weights is None
+    agent.release()
+    await asyncio.wait_for(engine.wait_idle(), 20)
+    await stop_engine(engine, task)

@@ -15,6 +15,7 @@ from qmgrd.daemon.flows import (
     parse_weight,
     transport_flows,
 )
+from qmgrd.daemon.settings import transport_params_fn
 from qmgrd.errors import ConfigError
 from qmgrd.spool import Envelope, RecipientSpec
 from qmgrd.tables import postmap
@@ -150,6 +151,7 @@ def test_hash_table_values_are_checked_in_the_source(tmp_path: Path) -> None:
         ("1e9", "weight '1e9' is not in"),
         ("2 bad/name", "tenant 'bad/name' is not a name"),
         ("2 t extra", "expected 'WEIGHT [TENANT]'"),
+        ("2 other", "tenant 'other' is reserved"),
     ],
 )
 def test_bad_weight_is_a_config_error_naming_file_line_and_parameter(
@@ -190,3 +192,23 @@ def test_parse_weight_accepts_fractions_and_tenants() -> None:
     """``WEIGHT [TENANT]``: a positive number, optionally a tenant name."""
     assert parse_weight("2") == (2.0, "")
     assert parse_weight(" 0.25  team-a.x ") == (0.25, "team-a.x")
+
+
+def test_transport_params_carry_fairness_per_transport(tmp_path: Path) -> None:
+    """``<t>_fairness_key`` turns fair queuing on for that transport only; the queue count and
+    hand size reach the scheduler's transport params."""
+    (tmp_path / "main.cf").write_text(
+        "relay_fairness_key = sender\nfairness_queue_count = 16\nfairness_hand_size = 2\n"
+    )
+    (tmp_path / "master.cf").write_text(MASTER)
+    params = transport_params_fn(load_config(tmp_path, hostname="h.example"), lambda _t: None)
+    assert not params("smtp").fairness
+    relay = params("relay")
+    assert relay.fairness
+    assert (relay.fairness_queue_count, relay.fairness_hand_size) == (16, 2)
+
+
+def test_hand_larger_than_queue_set_is_a_config_error(tmp_path: Path) -> None:
+    """fairness_hand_size above fairness_queue_count is refused at load, naming both."""
+    with pytest.raises(ConfigError, match=r"fairness_hand_size = 9: must be at most "):
+        settings(tmp_path, "fairness_queue_count = 8\nfairness_hand_size = 9\n")
