@@ -40,6 +40,7 @@ from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
+from qmgrd.daemon.destgate import GateSettings, create_gate
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
@@ -99,7 +100,7 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
-    return Engine(
+    engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
         scheduler=Scheduler(scheduler_params(cfg), params),
@@ -109,6 +110,9 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    # cluster: the destination gate (qmgrd.daemon.destgate); Daemon closes it after the engine
+    engine.ctx.gate = create_gate(cfg, engine.ctx, tuple(delivery_services(cfg)))
+    return engine
 
 
 def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
@@ -127,6 +131,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         agents = create_agents(cfg)
+        gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -139,6 +144,8 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    if engine.ctx.gate is not None:
+        engine.ctx.gate.update(gate)  # cluster: reloaded rate limits and caps
     return cfg
 
 
@@ -195,6 +202,7 @@ class Daemon:
         self.spool.ensure_dirs()
         self.pickup.ensure_dir()
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
+        self._stack.push_async_callback(self._close_gate)  # cluster: after the engine stops
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
         try:
@@ -307,6 +315,10 @@ class Daemon:
     async def _stop_pickup(self, task: asyncio.Task[None]) -> None:
         self._pickup_stop.set()
         await task
+
+    async def _close_gate(self) -> None:
+        if self.engine.ctx.gate is not None:
+            await self.engine.ctx.gate.close()
 
     async def _stop_engine(self) -> None:
         self.engine.stop()

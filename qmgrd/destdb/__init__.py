@@ -130,6 +130,7 @@ class Lease:
     ident: str
     shared: bool
     probe: bool = False
+    count: int = 0  # sessions to the destination when it was granted, this one included
 
 
 @dataclass(frozen=True, slots=True)
