@@ -3,6 +3,7 @@ rate limits, and Redis going away (issue 16; docs/cluster.md)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import structlog.testing
 from tests.integration.cluster import Cluster, cluster_config, delivered, queue_mail
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
 from tests.support.redisserver import RedisServer, redis_server
+from tests.support.waits import wait_until
 
 PER_NODE = 100
 SERVER_LIMIT = 5
@@ -88,4 +90,79 @@ async def test_learned_limit_is_shared_and_defers_at_most_two_percent(
     assert cluster.stat("recipients_sent") + cluster.stat("recipients_deferred") == total
     assert cluster.stat("recipients_deferred") <= 0.02 * total
     assert sum(cluster.gate(i).learned for i in range(3)) >= 1
+    assert max(delivered(sink).values()) == 1
+
+
+def health_keys(server: RedisServer) -> list[str]:
+    """The destinations Redis holds a dead verdict for."""
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        return [str(k) for k in client.keys("*:health")]
+    finally:
+        client.close()
+
+
+@pytest.mark.slow
+async def test_dead_destination_is_skipped_by_all_and_one_node_probes(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """One node finds the destination dead: the others defer their mail for it within a
+    second without connecting; after the revival time exactly one node connects (the probe)
+    while the others wait, and once it succeeds everybody delivers."""
+    extra = (
+        "initial_destination_concurrency = 1\n"
+        "default_destination_concurrency_failed_cohort_limit = 1\n"
+        "default_destination_concurrency_learning = no\n"
+        "minimal_backoff_time = 2s\n"
+        "maximal_backoff_time = 2s\n"
+        "queue_run_delay = 3600s\n"
+    )
+    loop = asyncio.get_running_loop()
+    config = SinkConfig(greeting="421 4.3.2 down for maintenance")
+    with structlog.testing.capture_logs():
+        async with smtp_sink(config) as sink:
+            confs = [cluster_config(tmp_path, i, sink, redis.url, extra) for i in range(3)]
+            cluster = Cluster(confs)
+            await cluster.start()
+            try:
+                a, b, c = cluster.nodes
+                a.enqueue("s@src.test", ["r0@dst.test"])
+                await wait_until(lambda: bool(health_keys(redis)), "a shared dead verdict", 10)
+                dead_at = loop.time()
+                for i in range(5):
+                    b.enqueue("s@src.test", [f"b{i}@dst.test"])
+                    c.enqueue("s@src.test", [f"c{i}@dst.test"])
+                await wait_until(
+                    lambda: b.engine.stats.recipients_deferred == 5
+                    and c.engine.stats.recipients_deferred == 5,
+                    "b and c to defer",
+                    5,
+                )
+                assert loop.time() - dead_at <= 1.0
+                assert sink.connections == 1  # node a's attempt only
+                assert cluster.gate(1).held >= 1 and cluster.gate(2).held >= 1
+                # Revival: the destination answers again but holds the first session at the
+                # greeting, so the probe is still running when the others look.
+                config.greeting = None
+                config.stall = frozenset({"greeting"})
+                await wait_until(lambda: loop.time() >= dead_at + 2.1, "the revival time", 5)
+                for node in cluster.nodes:
+                    node.engine.flush()
+                await sink.wait_stalled("greeting")
+                await wait_until(
+                    lambda: sum(cluster.gate(i).postponed > 0 for i in range(3)) >= 2,
+                    "the other nodes to wait for the probe",
+                    10,
+                )
+                assert sink.connections == 2  # a's first attempt and the one probe
+                sink.release()
+                await sink.wait_messages(11, timeout=30)
+                await cluster.wait_idle(30)
+            finally:
+                await cluster.stop()
+    assert sorted(delivered(sink)) == sorted(
+        ["r0@dst.test"] + [f"{n}{i}@dst.test" for n in "bc" for i in range(5)]
+    )
     assert max(delivered(sink).values()) == 1
