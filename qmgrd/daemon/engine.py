@@ -357,6 +357,7 @@ class Engine:
             self.ctx.stats,
             self.ctx.table.waiting,
             self.ctx.clock.now() - self._started_at,
+            self.ctx.gate.status() if self.ctx.gate is not None else None,
         )
 
     def status(self) -> dict[str, Any]:

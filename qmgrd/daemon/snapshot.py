@@ -16,7 +16,11 @@ the snapshot is ``EngineStatus.to_json()``: the JSON shape documented in
      "transports": [{"name": "smtp", "dead": false, "busy": 4, "reason": null,
                      "queues": [{"name": "example.com", "nexthop": "example.com",
                                  "window": 5, "busy": 2, "todo": 0,
-                                 "state": "ready", "reason": null}]}]}
+                                 "state": "ready", "reason": null}]}],
+     "destination_state": {"backend": "redis://10.0.0.5:6379/0", "connected": true, ...}}
+
+``destination_state`` (the cluster backend's state, ``qmgrd.daemon.destgate``) is present
+only when a gate is configured.
 
 ``StatusReply.from_json(reply)`` reads such a reply back (the CLI side),
 leniently: a missing field takes its zero value, so an older or newer daemon
@@ -116,10 +120,12 @@ class EngineStatus:
     messages_waiting: int
     stats: tuple[tuple[str, int], ...]  # counter name and value, in declaration order
     transports: tuple[TransportStatus, ...]
+    # cluster: the destination state backend (qmgrd.daemon.destgate.DestGate.status)
+    destination_state: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The wire form."""
-        return {
+        out = {
             "uptime": self.uptime,
             "messages_in_core": self.messages_in_core,
             "recipients_in_core": self.recipients_in_core,
@@ -127,6 +133,9 @@ class EngineStatus:
             "stats": dict(self.stats),
             "transports": [t.to_json() for t in self.transports],
         }
+        if self.destination_state:
+            out["destination_state"] = dict(self.destination_state)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EngineStatus:
@@ -140,6 +149,7 @@ class EngineStatus:
             stats=tuple((str(k), int(v)) for k, v in stats.items()
                         if isinstance(v, int | float)),
             transports=tuple(TransportStatus.from_json(t) for t in data.get("transports") or ()),
+            destination_state=tuple((data.get("destination_state") or {}).items()),
         )
 
 
@@ -172,7 +182,11 @@ class StatusReply:
 
 
 def take_snapshot(
-    scheduler: Scheduler, stats: EngineStats, waiting: int, uptime: float
+    scheduler: Scheduler,
+    stats: EngineStats,
+    waiting: int,
+    uptime: float,
+    destination_state: Mapping[str, Any] | None = None,
 ) -> EngineStatus:
     """The engine's snapshot now (on the loop; see the module doc)."""
     transports = []
@@ -208,6 +222,7 @@ def take_snapshot(
         messages_waiting=waiting,
         stats=tuple((name, getattr(stats, name)) for name in stats.__slots__),
         transports=tuple(transports),
+        destination_state=tuple((destination_state or {}).items()),
     )
 
 

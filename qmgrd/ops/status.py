@@ -120,6 +120,17 @@ def format_status(status: Mapping[str, Any]) -> str:
         lines.append(
             "counters: " + ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in core.stats)
         )
+    if core.destination_state:  # cluster (qmgrd.daemon.destgate)
+        state = dict(core.destination_state)
+        where = "connected" if state.get("connected", True) else "UNREACHABLE, on local limits"
+        lines.append(
+            f"destination state: {printable(str(state.get('backend', '?')))} {where}; "
+            + ", ".join(
+                f"{printable(str(k))}={printable(str(v))}"
+                for k, v in core.destination_state
+                if k not in ("backend", "connected")
+            )
+        )
     for transport in core.transports:
         lines.append("")
         lines.extend(_transport_lines(transport))
