@@ -12,6 +12,7 @@ import structlog.testing
 
 from tests.integration.cluster import Cluster, cluster_config, delivered, queue_mail
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
+from tests.support.process import DaemonProcess
 from tests.support.redisserver import RedisServer, redis_server
 from tests.support.waits import wait_until
 
@@ -244,3 +245,45 @@ async def test_redis_killed_mid_run_mail_flows_on_local_limits_and_nodes_rejoin(
     rejoins = [e for e in logs if "re-joined" in str(e.get("event"))]
     assert len(fallbacks) == 3 and len(rejoins) == 3
     assert sink.peak <= SERVER_LIMIT + 1
+
+
+@pytest.mark.slow
+async def test_killed_node_leases_expire_and_the_others_take_over(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """A ``qmgrd run`` process holding all 5 leases is SIGKILLed: within the lease TTL (3 s)
+    the in-process node, refused until then, gets the leases and delivers its mail."""
+    extra = "default_destination_concurrency_limit = 5\n"
+    ttl = 3.0
+    loop = asyncio.get_running_loop()
+    config = SinkConfig(stall=frozenset({"MAIL"}))
+    with structlog.testing.capture_logs():
+        async with smtp_sink(config) as sink:
+            doomed_conf = cluster_config(tmp_path, 0, sink, redis.url, extra)
+            queue_mail(doomed_conf, 10)
+            doomed = DaemonProcess(doomed_conf).start()
+            try:
+                await asyncio.to_thread(doomed.wait_ready)
+                await sink.wait_stalled("MAIL", count=5)
+                conf = cluster_config(tmp_path, 1, sink, redis.url, extra)
+                cluster = Cluster([conf])
+                await cluster.start()
+                try:
+                    for i in range(5):
+                        cluster.nodes[0].enqueue("s@src.test", [f"a{i}@dst.test"])
+                    await wait_until(
+                        lambda: cluster.gate(0).postponed > 0, "the survivor to be refused"
+                    )
+                    assert not sink.messages
+                    killed_at = loop.time()
+                    doomed.kill()
+                    sink.release()
+                    await sink.wait_messages(5, timeout=15)
+                    await cluster.wait_idle(15)
+                finally:
+                    await cluster.stop()
+            finally:
+                doomed.close()
+    first = min(m.received_at for m in sink.messages)
+    assert ttl / 3 <= first - killed_at <= ttl + 0.5
+    assert sorted(delivered(sink)) == [f"a{i}@dst.test" for i in range(5)]
