@@ -5,6 +5,7 @@ Two or three ``RedisState`` objects play the nodes of a cluster sharing one serv
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -192,3 +193,53 @@ async def test_redis_down_falls_back_and_rejoins(server: RedisServer) -> None:
         assert node.outages == 1
     finally:
         await node.close()
+
+
+async def test_password(tmp_path: Path) -> None:
+    """With requirepass, the configured password gets shared leases; a wrong one falls back
+    to local limits (nothing stops)."""
+    with redis_server(tmp_path / "auth", password="s3cret") as srv:
+        good = RedisState(
+            srv.url, fallback=LocalState(time.monotonic), timeout=0.5, lease_ttl=5,
+            password="s3cret",
+        )
+        bad = RedisState(
+            srv.url, fallback=LocalState(time.monotonic), timeout=0.5, lease_ttl=5,
+            password="wrong",
+        )
+        try:
+            ok = await good.admit(KEY, Limits(cap=5))
+            assert ok.lease is not None and ok.lease.shared
+            fallback = await bad.admit(KEY, Limits(cap=5))
+            assert fallback.lease is not None and not fallback.lease.shared
+            assert not bad.up
+        finally:
+            await good.close()
+            await bad.close()
+
+
+async def test_timeout_bounds_a_silent_server() -> None:
+    """A server that accepts and never answers: the admission falls back within the timeout."""
+    hold = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await hold.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    node = RedisState(
+        f"redis://127.0.0.1:{port}/0", fallback=LocalState(time.monotonic), timeout=0.3,
+        lease_ttl=5,
+    )
+    try:
+        started = time.monotonic()
+        adm = await node.admit(KEY, Limits(cap=5))
+        assert time.monotonic() - started < 0.3 + 0.5
+        assert adm.verdict is Verdict.OK and adm.lease is not None and not adm.lease.shared
+        assert node.status()["connected"] is False
+    finally:
+        hold.set()
+        await node.close()
+        server.close()
+        await server.wait_closed()

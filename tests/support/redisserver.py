@@ -44,9 +44,10 @@ def redis_binary() -> str:
 class RedisServer:
     """One redis-server process on 127.0.0.1:``port`` (module doc)."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, password: str = "") -> None:
         self.workdir = workdir
         self.port = port or free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -66,6 +67,7 @@ class RedisServer:
                 "--appendonly", "no",
                 "--dir", str(self.workdir),
                 "--daemonize", "no",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -79,8 +81,15 @@ class RedisServer:
     def _pong(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                s.sendall(auth + b"PING\r\n")
+                reply = b""
+                while b"\r\n" not in reply or (auth and reply.count(b"\r\n") < 2):
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return b"+PONG" in reply
         except OSError:
             return False
 
@@ -103,9 +112,9 @@ class RedisServer:
 
 
 @contextlib.contextmanager
-def redis_server(workdir: Path) -> Iterator[RedisServer]:
-    """A started ``RedisServer``, stopped on exit."""
-    server = RedisServer(workdir)
+def redis_server(workdir: Path, password: str = "") -> Iterator[RedisServer]:
+    """A started ``RedisServer`` (with ``password``: AUTH required), stopped on exit."""
+    server = RedisServer(workdir, password=password)
     server.start()
     try:
         yield server
