@@ -123,34 +123,30 @@ async def test_dead_verdict_is_shared_and_one_node_probes(nodes: list[RedisState
     assert waits == [Verdict.WAIT, Verdict.WAIT]
 
 
+async def _probe(node: RedisState, *, ok: bool) -> None:
+    """Wait until ``node`` is granted the probe of KEY, then end it with ``ok``."""
+
+    async def granted() -> bool:
+        adm = await node.admit(KEY, Limits())
+        if adm.verdict is not Verdict.OK:
+            return False
+        assert adm.lease is not None and adm.lease.probe
+        await node.release(adm.lease, ok=ok)
+        return True
+
+    await eventually(granted, "a probe", timeout=5)
+
+
 async def test_probe_outcomes(nodes: list[RedisState]) -> None:
     """A failed probe declares the destination dead again; a successful one revives it."""
     a, b, _ = nodes
     a.dead_seconds = 30.0
     await a.publish_dead(KEY, 0.05, ("4.4.1", "refused"))
-
-    async def probe_granted() -> bool:
-        adm = await a.admit(KEY, Limits())
-        if adm.verdict is Verdict.OK:
-            assert adm.lease is not None and adm.lease.probe
-            await a.release(adm.lease, ok=False)
-            return True
-        return False
-
-    await eventually(probe_granted, "a probe", timeout=5)
+    await _probe(a, ok=False)
     again = await b.admit(KEY, Limits())
     assert again.verdict is Verdict.DEAD and again.retry_after > 25.0
     await a.publish_dead(KEY, 0.05, ("4.4.1", "refused"))
-
-    async def probe_ok() -> bool:
-        adm = await b.admit(KEY, Limits())
-        if adm.verdict is Verdict.OK:
-            assert adm.lease is not None and adm.lease.probe
-            await b.release(adm.lease, ok=True)
-            return True
-        return False
-
-    await eventually(probe_ok, "a probe", timeout=5)
+    await _probe(b, ok=True)
     after = await a.admit(KEY, Limits())
     assert after.verdict is Verdict.OK and after.lease is not None and not after.lease.probe
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qmgrd.core import Entry, RecipientsDeferred, SchedulerParams, TransportParams
+from qmgrd.core import RecipientsDeferred, SchedulerParams, TransportParams
 from qmgrd.core.events import DestinationDead, DestinationRevived
 from qmgrd.errors import InvariantError
 from tests.unit.core.schedsim import Sim
@@ -20,18 +20,11 @@ def _sim(backoff: float = 300.0) -> Sim:
     return sim
 
 
-def _select_all(sim: Sim) -> list[Entry]:
-    out = []
-    while (entry := sim.sched.select(sim.now)) is not None:
-        out.append(entry)
-    return out
-
-
 def test_postpone_puts_the_entry_back_and_holds_the_destination_until_the_time() -> None:
     """A postponed entry is TODO again at the head of its peer; the destination hands out
     nothing until ``until``, then resumes at its window; nothing is deferred."""
     sim = _sim()
-    busy = _select_all(sim)
+    busy = sim.select_all()
     assert len(busy) == 3
     refused = busy.pop()
     sim.sched.entry_postpone(refused, until=sim.now + 0.1, now=sim.now)
@@ -50,7 +43,7 @@ def test_postpone_puts_the_entry_back_and_holds_the_destination_until_the_time()
 def test_postpone_keeps_the_later_resume_time() -> None:
     """Two postponements: the destination waits for the later of the two times."""
     sim = _sim()
-    first, second, _ = _select_all(sim)
+    first, second, _ = sim.select_all()
     sim.sched.entry_postpone(first, until=sim.now + 2.0, now=sim.now)
     sim.sched.entry_postpone(second, until=sim.now + 0.5, now=sim.now)
     assert first.queue.resume_at == sim.now + 2.0
@@ -59,7 +52,7 @@ def test_postpone_keeps_the_later_resume_time() -> None:
 def test_postpone_at_a_destination_that_died_meanwhile_defers_the_entry() -> None:
     """The destination died while the gate was asked: the entry is deferred with its reason."""
     sim = _sim()
-    entry, *others = _select_all(sim)
+    entry, *others = sim.select_all()
     for other in others:  # 1/3 of a cohort, then window 1 and a whole one: dead
         sim.sched.entry_done(other, hop_failure=DSN, now=sim.now)
     assert entry.queue.window.throttled
@@ -74,7 +67,7 @@ def test_hold_makes_the_destination_dead_here_until_the_shared_revival() -> None
     """Another node's dead verdict: this entry and the TODO entries are deferred with the
     verdict's reason, the queue is dead (a shared DestinationDead), and revives at ``until``."""
     sim = _sim()
-    entry, *running = _select_all(sim)
+    entry, *running = sim.select_all()
     sim.sched.destination_hold(entry, dsn=DSN, until=sim.now + 42.0, now=sim.now)
     queue = entry.queue
     assert queue.window.throttled and queue.revive_at == sim.now + 42.0
@@ -94,7 +87,7 @@ def test_hold_makes_the_destination_dead_here_until_the_shared_revival() -> None
 def test_hooks_reject_a_todo_entry() -> None:
     """Both hooks take BUSY entries only: anything else is a bug."""
     sim = _sim()
-    entry = _select_all(sim)[0]
+    entry = sim.select_all()[0]
     sim.sched.entry_postpone(entry, until=sim.now + 1.0, now=sim.now)
     with pytest.raises(InvariantError):
         sim.sched.entry_postpone(entry, until=sim.now + 1.0, now=sim.now)
