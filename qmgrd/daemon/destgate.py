@@ -144,9 +144,9 @@ class DestGate:
     def update(self, settings: GateSettings) -> None:
         """Reloaded limits (the backend itself changes only with a restart)."""
         self.settings = settings
-        self.active = self.state.shared or any(r is not None for r in settings.rates.values())
+        shared = isinstance(self.state, RedisState)
+        self.active = shared or any(r is not None for r in settings.rates.values())
         if isinstance(self.state, RedisState):
-            self.active = True
             self.state.dead_seconds = settings.dead_seconds
 
     def _limits(self, transport: str) -> Limits:

@@ -12,6 +12,7 @@ from qmgrd.daemon.destgate import GateSettings
 from qmgrd.destdb import DestKey, Limits, Rate, Verdict, parse_rate
 from qmgrd.destdb.local import LocalState, gcra_admit
 from qmgrd.errors import ConfigError
+from qmgrd.ops.check import run_checks
 from tests.support.clock import FakeClock
 from tests.support.config import write_config
 
@@ -117,3 +118,10 @@ def test_gate_settings_reject_bad_values(tmp_path: Path, line: str, name: str) -
     conf = write_config(tmp_path, line + "\n")
     with pytest.raises(ConfigError, match=name):
         GateSettings.from_config(load_config(conf, hostname="mx.test"), ("smtp", "relay"))
+
+
+def test_qmgrd_check_reports_a_bad_rate(tmp_path: Path) -> None:
+    """``qmgrd check`` names a bad ``<transport>_destination_rate_limit`` before any start."""
+    conf = write_config(tmp_path, "smtp_destination_rate_limit = fast\n")
+    found = run_checks(conf)
+    assert any("smtp_destination_rate_limit" in line for line in found.errors)
