@@ -320,6 +320,9 @@ class RedisState:
             await asyncio.sleep(RECONNECT_DELAY)
             try:
                 async with asyncio.timeout(self.timeout):
+                    # Pooled connections to the old server are dead: drop them all, so the
+                    # first calls after re-joining do not fail (and log a second outage).
+                    await self._client.connection_pool.disconnect()
                     await self._client.ping()
             except (RedisError, OSError, TimeoutError):
                 continue
