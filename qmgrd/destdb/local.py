@@ -109,6 +109,10 @@ class LocalState:
     async def publish_limit(self, key: DestKey, limit: int) -> None:
         """Nothing to share: the core keeps this node's learned window."""
 
+    def held_by_key(self) -> dict[DestKey, int]:
+        """Leases held now, per destination."""
+        return dict(self._leases)
+
     def held(self) -> int:
         """Leases held now (all destinations)."""
         return sum(self._leases.values())

@@ -24,7 +24,9 @@ Times are the Redis server's clock (``TIME`` in the scripts): nodes' clocks neve
 Redis failures never stop mail: any error or timeout switches the backend to ``fallback``
 (this node's ``share`` of each cap and rate, counting the leases it still holds in Redis),
 logs it once, and a task pings every ``RECONNECT_DELAY`` seconds until Redis answers again;
-then the node re-joins (logged). Leases held in Redis during the outage simply expire.
+then the node re-joins (logged), first putting a lease in Redis for every session it still
+runs (those started on the fallback, and those whose leases a restarted Redis lost), so the
+cap holds across the restart. Leases released during the outage expire within the TTL.
 Nothing here touches the spool: a Redis failure can delay a delivery, never lose or repeat
 one.
 """
@@ -116,6 +118,14 @@ redis.call('PEXPIRE', KEYS[1], ms + 3600000)
 return 1
 """
 
+# KEYS: leases. ARGV: ttl ms, lease ids... (added whether or not they are there)
+_ADOPT = _NOW + """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + ttl, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+return 1
+"""
+
 # KEYS: leases. ARGV: ttl ms, lease ids...
 _RENEW = _NOW + """
 local ttl = tonumber(ARGV[1])
@@ -171,6 +181,8 @@ class RedisState:
         self._release = self._client.register_script(_RELEASE)
         self._dead = self._client.register_script(_DEAD)
         self._renew = self._client.register_script(_RENEW)
+        self._adopt = self._client.register_script(_ADOPT)
+        self._stand_ins: dict[DestKey, list[str]] = {}  # Redis leases for fallback sessions
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._ids = itertools.count(1)
         self._held: dict[DestKey, set[str]] = {}
@@ -232,12 +244,18 @@ class RedisState:
 
     async def release(self, lease: Lease, *, ok: bool) -> None:
         """Remove the lease; a probe's outcome is the destination's new health."""
+        ident = lease.ident
         if not lease.shared:
             self.fallback.release_now(lease)
-            return
+            stand_ins = self._stand_ins.get(lease.key)
+            if not stand_ins:
+                return
+            ident = stand_ins.pop()  # the Redis lease that stood for it since re-joining
+            if not stand_ins:
+                del self._stand_ins[lease.key]
         held = self._held.get(lease.key)
         if held is not None:
-            held.discard(lease.ident)
+            held.discard(ident)
             if not held:
                 del self._held[lease.key]
         if not self.up:
@@ -245,14 +263,23 @@ class RedisState:
         await self._call(
             self._release,
             keys=_keys(lease.key)[:2],
-            args=[
-                lease.ident,
-                int(lease.probe),
-                int(ok),
-                self.node,
-                int(self.dead_seconds * 1000),
-            ],
+            args=[ident, int(lease.probe), int(ok), self.node, int(self.dead_seconds * 1000)],
         )
+
+    async def _adopt_all(self) -> None:
+        """Re-joining: put every session this node runs back in Redis (a restarted Redis has
+        lost its leases; sessions started on the fallback never had one), so the cap holds."""
+        for key, count in self.fallback.held_by_key().items():
+            stand_ins = self._stand_ins.setdefault(key, [])
+            while len(stand_ins) < count:
+                ident = f"{self.node}:{next(self._ids)}"
+                stand_ins.append(ident)
+                self._held.setdefault(key, set()).add(ident)
+        ttl_ms = int(self.lease_ttl * 1000)
+        for key, ids in list(self._held.items()):
+            await self._adopt(keys=[_keys(key)[0]], args=[ttl_ms, *sorted(ids)])
+        if self._held:
+            self._ensure_renewer()
 
     async def publish_dead(self, key: DestKey, seconds: float, dsn: tuple[str, str]) -> None:
         """Every node skips ``key`` for ``seconds`` from now (server time)."""
@@ -324,6 +351,7 @@ class RedisState:
                     # first calls after re-joining do not fail (and log a second outage).
                     await self._client.connection_pool.disconnect()
                     await self._client.ping()
+                    await self._adopt_all()
             except (RedisError, OSError, TimeoutError):
                 continue
             self.up = True

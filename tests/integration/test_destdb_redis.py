@@ -239,3 +239,33 @@ async def test_timeout_bounds_a_silent_server() -> None:
         await node.close()
         server.close()
         await server.wait_closed()
+
+
+async def test_rejoining_node_puts_its_running_sessions_back(server: RedisServer) -> None:
+    """Redis restarted empty: on re-joining, a node registers a lease for each session it still
+    runs (one from before the crash, one started on the fallback), so another node's cap of 2
+    is full until those sessions end."""
+    node = make_node(server, share=1.0)
+    other = make_node(server)
+    try:
+        limits = Limits(cap=2)
+        before = await node.admit(KEY, limits)
+        assert before.lease is not None and before.lease.shared
+        server.kill()
+        during = await node.admit(KEY, limits)
+        assert during.lease is not None and not during.lease.shared
+        server.start()
+
+        async def rejoined() -> bool:
+            return node.up
+
+        await eventually(rejoined, "the node to re-join", timeout=10)
+        assert (await other.admit(KEY, limits)).verdict is Verdict.FULL
+        await node.release(during.lease, ok=True)
+        await node.release(before.lease, ok=True)
+        first = await other.admit(KEY, limits)
+        second = await other.admit(KEY, limits)
+        assert (first.verdict, second.verdict) == (Verdict.OK, Verdict.OK)
+    finally:
+        await node.close()
+        await other.close()
