@@ -6,7 +6,8 @@ session, following Postfix's smtpd + cleanup:
 - ACCEPT: store the queue file; reply ``250 2.0.0 Ok: queued as ID``;
 - REDIRECT (with ACCEPT or HOLD): the only recipient becomes the REDIRECT
   address (the original recipients are dropped, as in Postfix);
-- HOLD: store, then move the file to ``hold/``; the same 250 reply;
+- HOLD: store the queue file straight into ``hold/`` (never visible in
+  ``incoming/``); the same 250 reply;
 - DISCARD: store nothing, still reply 250 (Postfix: "queued as" and a
   ``discard:`` log line), so the client does not retry;
 - REJECT: store nothing, reply the header_checks text (``550 5.7.1 ...``);
@@ -30,7 +31,7 @@ class Decision:
     """What to do with the message after DATA."""
 
     store: bool  # commit the queue file
-    hold: bool  # then move it to hold/
+    hold: bool  # commit it into hold/, not incoming/
     reply: str | None  # an error reply instead of "250 2.0.0 Ok: queued as ID"
     recipients: tuple[str, ...] | None  # REDIRECT: the recipients that replace all others
 

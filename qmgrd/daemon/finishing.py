@@ -19,6 +19,14 @@ entry completed and recorded). In order:
    moved to ``deferred/`` with its next-attempt time as mtime,
    after a delay notice when ``delay_warning_time`` has come.
 
+Log lines, in Postfix's order: the recipients' outcome lines, then for an
+expired message Postfix's ``ID: from=<s>, status=expired, returned to sender``
+(``force-expired`` for ``qmgrd expire``), then ``ID: sender non-delivery
+notification: NOTICE_ID``, and ``ID: removed`` last. An expired recipient
+keeps its deferral in the notice (``Action: failed`` with the original 4.x.x
+``Status``, as Postfix's bounce daemon writes it) and in its log line
+(``dsn=4.x.x``, ``delay=``, ``delays=``).
+
 Notices are composed between two file jobs by ``qmgrd.daemon.notices``
 (bounded in time, off the spool's workers, never failing). The file jobs are
 all-or-nothing per step: a move or unlink either happened or not.
@@ -43,7 +51,7 @@ from datetime import UTC, datetime
 from qmgrd.core.backoff import delay_warning_due, is_expired, next_attempt
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.notices import NoticeComposer, NoticeKind
-from qmgrd.daemon.outcomes import fmt_delay
+from qmgrd.daemon.outcomes import delays, fmt_delay
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked
 from qmgrd.delivery.agent import Recipient
 from qmgrd.delivery.dsn import wants_notice
@@ -173,13 +181,9 @@ class Finisher:
             bounce_queue_lifetime=s.bounce_queue_lifetime,
         ):
             plan.action = FinishAction.EXPIRED
-            plan.expired = tuple(
-                ReasonRecord(
-                    r.address, _failed_status(r.dsn), "failed", f"message expired: {r.reason}",
-                    now, r.relay, r.orcpt, r.notify,
-                )
-                for r in spool.read_reasons("defer", qid)
-            )
+            # Postfix returns the defer log as it is: the 4.x.x status and its reason,
+            # with Action: failed in the notice (bounce_recipient_dsn).
+            plan.expired = tuple(spool.read_reasons("defer", qid))
             wanted = _wanted(plan.expired, "failure")
             if wanted and qf.sender:
                 plan.notices.append(("failure", wanted))
@@ -283,39 +287,64 @@ class Finisher:
             self.op_done(qid, record.op)
         elif plan.action is FinishAction.REMOVED:
             ctx.stats.messages_removed += 1
+            self._log_notices(qid, notices)
             ctx.log.info("removed", queue_id=qid)
         elif plan.action is FinishAction.DEFERRED:
             ctx.stats.messages_deferred += 1
+            self._log_notices(qid, notices)
             when = datetime.fromtimestamp(plan.next_attempt, UTC).isoformat()
             ctx.log.info("deferred", queue_id=qid, next_attempt=when)
         elif plan.action is FinishAction.EXPIRED:
-            for r in plan.expired:
-                if ctx.metrics is not None:
-                    ctx.metrics.record_delivery(
-                        self._transport_of(r.address, msg.qf.sender), "expired", r.dsn,
-                        now - msg.qf.arrival_time,
-                    )
-                ctx.smtp_log.info(
-                    "expired",
-                    queue_id=qid,
-                    to=f"<{r.address}>",
-                    relay=r.relay,
-                    delay=fmt_delay(now - msg.qf.arrival_time),
-                    dsn=r.dsn,
-                    status="expired, returned to sender",
-                    reply=r.reason,
-                )
+            self._log_expired(msg, plan, now)
+            self._log_notices(qid, notices)
             ctx.log.info("removed", queue_id=qid)
             ctx.stats.messages_removed += 1
         elif plan.action is FinishAction.CORRUPT:
             ctx.log.warning("corrupt queue file", queue_id=qid, reason=plan.detail)
+        ctx.kick()
+
+    def _log_expired(self, msg: ActiveMessage, plan: _Plan, now: float) -> None:
+        """Expiry lines: one per recipient (qmgrd's), then Postfix's per-message line.
+
+        Each recipient line keeps the recipient's deferral: its original 4.x.x
+        ``dsn=`` and reason, with ``delay=`` and ``delays=`` like every
+        recipient line. Postfix's qmgr logs only the message line
+        (``ID: from=<sender>, status=expired, returned to sender``;
+        ``force-expired`` for ``postsuper -e``/``qmgrd expire``).
+        """
+        ctx, qid, qf = self.ctx, msg.queue_id, msg.qf
+        for r in plan.expired:
+            if ctx.metrics is not None:
+                ctx.metrics.record_delivery(
+                    self._transport_of(r.address, qf.sender), "expired", r.dsn,
+                    now - qf.arrival_time,
+                )
+            ctx.smtp_log.info(
+                "expired",
+                queue_id=qid,
+                to=f"<{r.address}>",
+                relay=r.relay,
+                delay=fmt_delay(now - qf.arrival_time),
+                delays=delays(msg, now, now, 0.0, 0.0),
+                dsn=r.dsn,
+                status="expired, returned to sender",
+                reply=r.reason,
+            )
+        status = "force-expired" if msg.forced_expire else "expired"
+        ctx.log.info(
+            "returned",
+            queue_id=qid,
+            from_=f"<{qf.sender}>",
+            status=f"{status}, returned to sender",
+        )
+
+    def _log_notices(self, qid: str, notices: list[tuple[NoticeKind, str]]) -> None:
+        """Postfix's shape: "ID: sender non-delivery notification: NOTICE_ID" (before removed)."""
         for kind, notice_id in notices:
-            # Postfix's shape: "ID: sender non-delivery notification: NOTICE_ID".
             what = "non-delivery" if kind == "failure" else "delay"
             if kind == "failure":
-                ctx.stats.messages_bounced += 1
-            ctx.log.info(f"sender {what} notification: {notice_id}", queue_id=qid)
-        ctx.kick()
+                self.ctx.stats.messages_bounced += 1
+            self.ctx.log.info(f"sender {what} notification: {notice_id}", queue_id=qid)
 
 
 def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:
@@ -367,8 +396,3 @@ def _wanted(records: tuple[ReasonRecord, ...] | list[ReasonRecord], kind: Notice
         for r in records
         if wants_notice(Recipient(r.address, 0, r.orcpt, frozenset(r.notify)), kind)
     ]
-
-
-def _failed_status(dsn: str) -> str:
-    """An expired deferral is returned as a permanent failure with the same detail."""
-    return "5" + dsn[1:] if dsn[:1] == "4" else dsn

@@ -315,7 +315,9 @@ def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
     )
     yield _gauge(
         "qmgrd_recipients_in_core",
-        "Recipients in core (qmgr_message_recipient_limit bounds it).",
+        "Recipients in core (bounded by qmgr_message_recipient_minimum * "
+        "qmgr_message_active_limit + the transports' recipient slot pools + "
+        "max(0, qmgr_message_recipient_limit - qmgr_message_recipient_minimum)).",
         status.recipients_in_core,
     )
     yield _gauge(

@@ -37,7 +37,8 @@ from ``notify`` (after the unlink) or from its start-up scan, which
 ``recover()`` precedes, so a message can never be delivered and removed
 before its maildrop file is gone.
 
-Outcomes: HOLD goes to ``hold/``; DISCARD removes the file with a log line;
+Outcomes: HOLD is committed straight into ``hold/`` (never visible in
+``incoming/``); DISCARD removes the file with a log line;
 REJECT and "too many hops" return the message to its sender (a delivery
 status notification from the null sender, committed under the maildrop
 file's id, as Postfix's cleanup bounces refused pickup mail); with a null
@@ -264,14 +265,14 @@ class Pickup:
             warn_time=int(arrival) + self.warn_delay if self.warn_delay > 0 else None,
         )
         try:
-            self.spool.commit(envelope, b"".join(parts), queue_id=queue_id)
+            self.spool.commit(
+                envelope, b"".join(parts), queue_id=queue_id, queue="hold" if hold else "incoming"
+            )
         except SpoolError as exc:
             self.log.warning(f"uid={uid}: cannot queue: {exc}; will retry", queue_id=queue_id)
             return None
         if hold:
             why = outcome.reply or outcome.reason or "no valid recipient"
-            with contextlib.suppress(SpoolError):
-                self.spool.move(queue_id, "incoming", "hold")
             self.log.warning(f"uid={uid}: held: {why}", queue_id=queue_id)
         path.unlink(missing_ok=True)
         self.log.info(f"uid={uid} from=<{sender}>", queue_id=queue_id)

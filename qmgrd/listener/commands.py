@@ -7,7 +7,6 @@ Commands not in ``HANDLERS`` get ``502 5.5.2 Error: command not recognized``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from collections.abc import Awaitable, Callable
@@ -213,13 +212,9 @@ async def data(s: Session, arg: str) -> None:
         return
     hold = decision is not None and decision.hold
     if decision is not None and decision.recipients:
-        specs = [RecipientSpec(r) for r in decision.recipients]
-        if not txn.file.replace_recipients(specs):
-            hold = True  # too big to rewrite in memory: keep it for the operator
-            s.log.warning(
-                "REDIRECT of a message larger than the write buffer: held",
-                queue_id=txn.file.queue_id,
-            )
+        txn.file.replace_recipients([RecipientSpec(r) for r in decision.recipients])
+    if hold:
+        txn.file.target = "hold"  # committed straight into hold/: no scan can take it
     try:
         queue_id = await s.ctx.committer.commit_writer(txn.file)
     except SpoolError as exc:
@@ -236,14 +231,7 @@ async def data(s: Session, arg: str) -> None:
         sasl_method=s.sasl_method,
         sasl_username=s.sasl_user,
     )
-    if hold:
-        spool = s.ctx.committer.spool
-        try:
-            await asyncio.to_thread(spool.move, queue_id, "incoming", "hold")
-        except (SpoolError, OSError) as exc:
-            s.log.warning("cannot move to hold/", queue_id=queue_id, reason=str(exc))
-            s.ctx.on_commit(queue_id)
-    else:
+    if not hold:
         s.ctx.on_commit(queue_id)
     s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered

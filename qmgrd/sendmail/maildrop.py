@@ -112,6 +112,23 @@ def read_maildrop(fd: int, size_limit: int) -> MaildropMessage:
     head, content = data[:end], data[end + 2 :]
     if len(content) > size_limit:
         raise MaildropError(f"message larger than message_size_limit ({size_limit} bytes)")
+    return _parse(head, content)
+
+
+def read_maildrop_envelope(fd: int) -> MaildropMessage:
+    """The envelope of an open maildrop file, content left unread (``b""``); for mailq.
+
+    Reads at most ``MAX_ENVELOPE`` + 2 bytes; MaildropError as `read_maildrop`.
+    """
+    data = _read_bounded(fd, MAX_ENVELOPE + 1)
+    end = data.find(b"\n\n")
+    if end < 0:
+        raise MaildropError("no end of envelope")
+    return _parse(data[:end], b"")
+
+
+def _parse(head: bytes, content: bytes) -> MaildropMessage:
+    """Validate the envelope lines (module doc) and build the message."""
     lines = head.split(b"\n")
     if lines[0] != MAGIC:
         raise MaildropError("not a qmgrd maildrop file")

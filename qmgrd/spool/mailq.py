@@ -2,8 +2,13 @@
 
 Works on the spool directly, like Postfix's showq, so it needs no daemon and
 is safe while one runs: files that vanish or are being written meanwhile are
-skipped. Only recipients not yet done are listed; a recipient's latest
-reason in ``defer/ID`` is shown above it (text) or as ``delay_reason`` (JSON).
+skipped. Mail that ``sendmail`` left in ``maildrop_directory`` and the pickup
+has not taken yet is listed too, as showq does, with queue name
+``maildrop``: its size is the file's size and its arrival time the file's
+mtime (Postfix's showq uses the file size for maildrop files, which have no
+size record); its status character is blank. Only recipients not yet done
+are listed; a recipient's latest reason in ``defer/ID`` is shown above it
+(text) or as ``delay_reason`` (JSON).
 Messages are listed oldest first (by the time in the queue id, any format).
 
 Text format: postqueue(1) ``-p``, as Postfix's showq_compat.c prints it
@@ -43,14 +48,16 @@ and the JSON output writes them as ``\\uHHHH`` escapes
 from __future__ import annotations
 
 import os
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 from qmgrd.errors import SpoolError
+from qmgrd.sendmail.maildrop import MaildropError, read_maildrop_envelope, ready_names
 from qmgrd.spool.marks import is_forced_expire
-from qmgrd.spool.queueid import queue_id_sort_key
+from qmgrd.spool.queueid import is_queue_id, queue_id_sort_key
 from qmgrd.spool.store import Spool
 from qmgrd.textsafe import printable, printable_json
 
@@ -73,9 +80,11 @@ class QueuedMessage:
     forced_expire: bool = False
 
 
-def scan_queue(spool: Spool, now: float | None = None) -> list[QueuedMessage]:
-    """Every readable message in the listed queues, oldest (by queue id) first."""
-    out = []
+def scan_queue(
+    spool: Spool, now: float | None = None, *, maildrop: Path | None = None
+) -> list[QueuedMessage]:
+    """Every readable message in the listed queues (and ``maildrop``), oldest first."""
+    out = scan_maildrop(maildrop) if maildrop is not None else []
     for queue in _LISTED:
         for queue_id in spool.list_ids(queue):
             try:
@@ -98,6 +107,49 @@ def scan_queue(spool: Spool, now: float | None = None) -> list[QueuedMessage]:
             )
     key = queue_id_sort_key(time.time() if now is None else now)
     out.sort(key=lambda m: key(m.queue_id))
+    return out
+
+
+def scan_maildrop(directory: Path) -> list[QueuedMessage]:
+    """Submissions waiting in the maildrop directory, as showq lists them (module doc).
+
+    Only complete files named by a queue id; the envelope is read (bounded),
+    never the content. Unreadable, vanished or invalid files are skipped, and
+    so is a directory the caller may not list (it is the daemon's).
+    """
+    out: list[QueuedMessage] = []
+    try:
+        names = ready_names(directory)
+    except OSError:  # not ours to list (mode 1730): nothing to show from it
+        return out
+    for name in names:
+        if not is_queue_id(name):
+            continue
+        try:
+            fd = os.open(
+                directory / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            )
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            message = read_maildrop_envelope(fd)
+        except (OSError, MaildropError):
+            continue
+        finally:
+            os.close(fd)
+        out.append(
+            QueuedMessage(
+                "maildrop",
+                name,
+                st.st_mtime,
+                st.st_size,
+                message.sender,
+                tuple((r, None) for r in message.recipients),
+            )
+        )
     return out
 
 
@@ -158,7 +210,9 @@ def mailq_command(config_dir: Path, *, as_json: bool, out: TextIO) -> int:
     from qmgrd.config import load_config
 
     cfg = load_config(config_dir, strict=False)  # like the other queue tools (cli.py)
-    messages = scan_queue(Spool(cfg.get_path("queue_directory")))
+    messages = scan_queue(
+        Spool(cfg.get_path("queue_directory")), maildrop=cfg.get_path("maildrop_directory")
+    )
     if as_json:
         out.write(format_json(messages))
     else:

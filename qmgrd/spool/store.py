@@ -16,6 +16,10 @@ Commit protocol (one message, or a batch in ``commit_batch``):
    existing file) and unlink the temporary name;
 4. fsync ``incoming/`` once for the whole batch. Only then is an id returned.
 
+A message that header_checks HOLDs is committed the same way straight into
+``hold/`` (step 3 links into ``hold/``, step 4 fsyncs ``hold/``): it is never
+visible in ``incoming/``, where a queue scan could take it.
+
 Moves between queues are plain renames without a directory fsync: after a
 crash the file is in the old or the new queue, and both are scanned at
 start-up, so no message is lost (Postfix does the same).
@@ -314,19 +318,32 @@ class Spool:
 
     # -- commit ------------------------------------------------------------------
 
-    def commit(self, envelope: Envelope, content: bytes, *, queue_id: str | None = None) -> str:
+    def commit(
+        self,
+        envelope: Envelope,
+        content: bytes,
+        *,
+        queue_id: str | None = None,
+        queue: QueueName = "incoming",
+    ) -> str:
         """Durably store one message in incoming/ and return its id (see the module doc).
 
         ``queue_id``: store under this id (the pickup uses the maildrop file's
         name); a file of that name already in incoming/ is a SpoolError.
+        ``queue="hold"``: the file is linked straight into hold/ (header_checks
+        HOLD), with the same fsyncs; it never appears in incoming/.
         """
-        result = self.commit_batch([(envelope, content)], queue_id=queue_id)[0]
+        result = self.commit_batch([(envelope, content)], queue_id=queue_id, queue=queue)[0]
         if isinstance(result, BaseException):
             raise result
         return result
 
     def commit_batch(
-        self, items: Sequence[tuple[Envelope, bytes]], *, queue_id: str | None = None
+        self,
+        items: Sequence[tuple[Envelope, bytes]],
+        *,
+        queue_id: str | None = None,
+        queue: QueueName = "incoming",
     ) -> list[str | SpoolError]:
         """Store several messages with one directory fsync; a result (id or error) per item.
 
@@ -334,7 +351,7 @@ class Spool:
         which fails (and unlinks) every item of the batch: none of them was
         acknowledged, so none may stay where the queue manager would find it.
         """
-        directory = self.root / "incoming"
+        directory = self.root / queue
         results: list[str | SpoolError] = []
         for envelope, content in items:
             try:
@@ -358,7 +375,7 @@ class Spool:
     ) -> str:
         head, tail = encode_queue_file(envelope, len(content))
         queue_id = fixed or self._ids.next()
-        temp = directory / (TEMP_PREFIX + queue_id)
+        temp = self.root / "incoming" / (TEMP_PREFIX + queue_id)  # swept at start-up
         # O_EXCL: ids never repeat within a generator, so EEXIST here is an error to report.
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:

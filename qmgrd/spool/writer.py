@@ -37,8 +37,17 @@ replaces a file; only a clash with another process's file, which the
 id generator makes practically impossible, picks a new id) and
 unlinks the temporary name; ``commit_writers`` does that for a batch and
 fsyncs ``incoming/`` once, so a queue id is returned only once the message
-is durable. ``discard()`` removes the temporary file: a refused, reset or
-aborted transaction leaves nothing. Temporaries of a writer that died
+is durable. A writer whose ``target`` is ``"hold"`` (header_checks HOLD) is
+linked into ``hold/`` instead, with the same discipline (and a fsync of
+``hold/``): a held message is never visible in ``incoming/``.
+
+REDIRECT (``replace_recipients``) works for any size: while nothing was
+flushed the buffer is rewritten; after a flush, ``commit()`` writes a new
+temporary file (head, new recipients, the content copied from the old file
+in ``COPY_CHUNK`` pieces) and renames it over the old one before finishing.
+
+``discard()`` removes the temporary file: a refused, reset or aborted
+transaction leaves nothing. Temporaries of a writer that died
 are removed at start-up (``Spool.remove_temp_files``).
 
 Threads: ``flush``, ``commit`` and ``discard`` block on the disk and are
@@ -69,10 +78,11 @@ from qmgrd.spool.records import (
     encode_record,
     encode_varint,
 )
-from qmgrd.spool.store import TEMP_PREFIX, Spool
+from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
 
 GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
 FLUSH_SIZE = 128 * 1024
+COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
 
@@ -141,6 +151,8 @@ class QueueFileWriter:
         "flush_size",
         "queue_id",
         "rcpt_count",
+        "redirect",
+        "target",
     )
 
     def __init__(self, spool: Spool, head: EnvelopeHead, *, flush_size: int = FLUSH_SIZE) -> None:
@@ -156,6 +168,8 @@ class QueueFileWriter:
         self.queue_id: str = spool.new_queue_id()  # the committed file's id (module doc)
         self.rcpt_count = 0
         self.content_size = 0
+        self.target: QueueName = "incoming"  # where commit() links the file ("hold": HOLD)
+        self.redirect: bytes | None = None  # REDIRECT after a flush: recipients for commit()
 
     @property
     def needs_flush(self) -> bool:
@@ -178,21 +192,22 @@ class QueueFileWriter:
         self._gap_at = self._flushed + len(self._buf)
         self._buf += bytes(GAP)
 
-    def replace_recipients(self, rcpts: Sequence[RecipientSpec]) -> bool:
-        """Replace every recipient (cleanup's REDIRECT) before commit.
+    def replace_recipients(self, rcpts: Sequence[RecipientSpec]) -> None:
+        """Replace every recipient (cleanup's REDIRECT) before commit, for any size.
 
-        Possible while nothing was flushed (the message fits the buffer);
-        False, nothing changed, otherwise.
+        While nothing was flushed the buffer is rewritten in place; otherwise
+        ``commit()`` rebuilds the file with these recipients, copying the
+        content already on disk in chunks (``_rebuild``): memory stays bounded.
         """
         if self._gap_at < 0 or self._closed or not rcpts:
             raise InvariantError("replace_recipients before the content, after the end or empty")
-        if self._flushed:
-            return False
         new = b"".join(_encode_recipient(r) for r in rcpts)
+        self.rcpt_count = len(rcpts)
+        if self._flushed:
+            self.redirect = new
+            return
         self._buf[self._rcpt_at : self._gap_at] = new
         self._gap_at = self._rcpt_at + len(new)
-        self.rcpt_count = len(rcpts)
-        return True
 
     def add_content(self, data: bytes) -> None:
         if self._gap_at < 0 or self._closed:
@@ -209,7 +224,7 @@ class QueueFileWriter:
         if self._fd < 0:
             # O_EXCL: ids never repeat within a generator, so EEXIST is an error to report.
             self._fd = os.open(
-                self._temp(), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                self._temp(), os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
             )
 
     def flush(self) -> None:
@@ -225,16 +240,55 @@ class QueueFileWriter:
         self._flushed += len(self._buf)
         self._buf = bytearray()
 
-    def commit(self) -> str:
-        """Finish, fsync and link the file into incoming/ (no directory fsync); returns its id.
+    def _rebuild(self, rcpts: bytes) -> None:
+        """REDIRECT after a flush: a new temporary file with ``rcpts`` replaces the old one.
 
-        The caller fsyncs incoming/ before announcing the id (``commit_writers``).
-        SpoolError if anything fails; nothing is left behind then.
+        The C placeholder and envelope head are read back (small), the content
+        already written is copied in ``COPY_CHUNK`` pieces; the new file is
+        renamed over the old temporary name, so a crash leaves one of them.
+        """
+        self._open()
+        _write_all(self._fd, self._buf)
+        self._flushed += len(self._buf)
+        self._buf = bytearray()
+        content_at, end = self._gap_at + GAP, self._flushed
+        head = os.pread(self._fd, self._rcpt_at, 0)
+        if len(head) != self._rcpt_at:
+            raise OSError(f"queue file shorter than written ({len(head)} of {self._rcpt_at})")
+        head += rcpts
+        temp = self._temp()
+        fresh = temp.with_name(temp.name + ".redirect")
+        fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, head + bytes(GAP))
+            _copy(self._fd, fd, content_at, end - content_at)
+            os.rename(fresh, temp)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(fresh)
+            raise
+        os.close(self._fd)
+        self._fd = fd
+        self._gap_at = len(head)
+        self._flushed = len(head) + GAP + (end - content_at)
+        self.redirect = None
+
+    def commit(self) -> str:
+        """Finish, fsync and link the file into its ``target`` queue (no directory fsync).
+
+        Returns its id. ``target`` is incoming/, or hold/ for a message that
+        header_checks HOLDs: it never appears in incoming/, so no queue scan
+        can take it. The caller fsyncs the directory before announcing the id
+        (``commit_writers``). SpoolError if anything fails; nothing is left
+        behind then.
         """
         if self._gap_at < 0 or self._closed:
             raise InvariantError("commit without content or after the end")
         marker = bytes((REC_CONTENT,)) + encode_varint(self.content_size)
         try:
+            if self.redirect is not None:
+                self._rebuild(self.redirect)
             if self._gap_at >= self._flushed:  # the gap is still in the buffer: no padding
                 at = self._gap_at - self._flushed
                 self._buf[at : at + GAP] = marker
@@ -260,11 +314,12 @@ class QueueFileWriter:
             os.close(self._fd)
             self._fd = -1
             temp = self._temp()
+            directory = self._spool.root / self.target
             try:
-                os.link(temp, temp.parent / self.queue_id)
+                os.link(temp, directory / self.queue_id)
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
-                os.link(temp, temp.parent / self.queue_id)
+                os.link(temp, directory / self.queue_id)
             os.unlink(temp)
         except OSError as exc:
             self.discard()
@@ -286,7 +341,7 @@ class QueueFileWriter:
 
 
 def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
-    """Commit several writers with one directory fsync; a result (id or error) per writer.
+    """Commit several writers with one fsync per target directory; a result per writer.
 
     A failed directory fsync fails (and unlinks) every item: none of them was
     acknowledged, so none may stay where the queue manager would find it.
@@ -297,19 +352,21 @@ def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str
             results.append(writer.commit())
         except SpoolError as exc:
             results.append(exc)
-    committed = [r for r in results if isinstance(r, str)]
+    committed = [
+        (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
+    ]
     if committed and spool.fsync:
-        directory = spool.root / "incoming"
         try:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            for target in sorted({t for t, _ in committed}):
+                fd = os.open(spool.root / target, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except OSError as exc:
-            for queue_id in committed:
+            for target, queue_id in committed:
                 with contextlib.suppress(OSError):
-                    os.unlink(directory / queue_id)
+                    os.unlink(spool.root / target / queue_id)
             error = SpoolError(f"queue directory sync error: {exc.strerror or exc}")
             return [error for _ in results]
     return results
@@ -320,6 +377,17 @@ def _padding(length: int) -> bytes:
     if not 3 <= length <= 129:
         raise InvariantError(f"padding of {length} bytes")
     return bytes((REC_DONE, length - 2, 0)) + bytes(length - 3)
+
+
+def _copy(src: int, dst: int, offset: int, length: int) -> None:
+    """Append ``length`` bytes of ``src`` from ``offset`` to ``dst``, COPY_CHUNK at a time."""
+    while length > 0:
+        chunk = os.pread(src, min(COPY_CHUNK, length), offset)
+        if not chunk:
+            raise OSError(f"queue file shorter than written ({length} bytes missing)")
+        _write_all(dst, chunk)
+        offset += len(chunk)
+        length -= len(chunk)
 
 
 def _write_all(fd: int, data: bytearray | bytes) -> None:

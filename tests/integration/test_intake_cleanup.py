@@ -22,6 +22,8 @@ import pytest
 from qmgrd.spool import Spool
 from tests.integration.e2e import TIMEOUT, running_daemon, wait_for_messages, write_config
 from tests.integration.sinks import SinkServer, smtp_sink
+from tests.integration.test_cli_ops import cli
+from tests.support.links import record_placements
 from tests.support.logs import watch_logs
 from tests.support.process import DaemonProcess
 
@@ -114,18 +116,29 @@ async def test_header_checks_reject_at_intake(tmp_path: Path) -> None:
     assert [b"Subject: ok" in m.content for m in sink.messages] == [True]
 
 
-async def test_header_checks_hold_puts_message_in_hold(tmp_path: Path) -> None:
-    """HOLD: 250 queued as ID, and that file is in hold/, not delivered."""
+async def test_header_checks_hold_commits_into_hold_then_release_delivers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HOLD: 250 queued as ID, committed straight into hold/; ``qmgrd release ID`` delivers it."""
     async with smtp_sink() as sink:
         conf = write_config(tmp_path, _relay(sink, _checks(tmp_path, "HOLD look at it")))
         async with running_daemon(conf) as d:
+            placed = record_placements(monkeypatch)
             code, text = await _send(d.port, "a@src.test", ["r@dst.test"], SPAM)
             assert code == 250, text
             qid = text.rsplit(" ", 1)[-1]
+            assert placed == [d.spool.root / "hold" / qid]  # never placed in incoming/
             await d.wait_idle()
             assert d.queue_ids("hold") == [qid]
             assert d.queue_ids("incoming") == [] and d.queue_ids("deferred") == []
-    assert sink.messages == []
+            assert sink.messages == []
+            code, _, err = await cli(conf, "release", qid)
+            assert (code, err) == (0, "")
+            await wait_for_messages(sink, 1)
+            await d.wait_idle()
+            assert all(not d.queue_ids(q) for q in ("incoming", "active", "deferred", "hold"))
+    [msg] = sink.messages
+    assert msg.rcpt_tos == ["r@dst.test"] and b"Subject: spam" in msg.content
 
 
 async def test_header_checks_discard_stores_nothing(tmp_path: Path) -> None:
@@ -149,6 +162,23 @@ async def test_header_checks_redirect_replaces_recipients(tmp_path: Path) -> Non
             assert code == 250, text
             await wait_for_messages(sink, 1)
     assert [m.rcpt_tos for m in sink.messages] == [["abuse@dst.test"]]
+
+
+async def test_header_checks_redirect_of_a_large_message(tmp_path: Path) -> None:
+    """REDIRECT of a message over 128 KiB (past the write buffer): redirected, not held."""
+    body = b"".join(b"line %06d " % i + b"x" * 60 + b"\r\n" for i in range(5000))  # ~360 KiB
+    async with smtp_sink() as sink:
+        conf = write_config(tmp_path, _relay(sink, _checks(tmp_path, "REDIRECT abuse@dst.test")))
+        async with running_daemon(conf) as d:
+            code, text = await _send(d.port, "a@src.test", ["r1@dst.test", "r2@dst.test"],
+                                     SPAM + body)
+            assert code == 250, text
+            await wait_for_messages(sink, 1)
+            await d.wait_idle()
+            assert d.queue_ids("hold") == []
+    [msg] = sink.messages
+    assert msg.rcpt_tos == ["abuse@dst.test"]
+    assert len(body) > 128 * 1024 and msg.content.endswith(body)
 
 
 async def test_smtp_generic_maps_rewrites_only_on_the_way_out(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@
   ``run_until_idle``, ``stop_engine`` (engine tests).
 - ``listener``: ``Listening``, an SMTP listener on 127.0.0.1 port 0 over a
   temporary spool, ``loopback_settings`` for it, and ``Chat``, a raw client.
+- ``links``: ``record_placements``, the destinations of every ``os.link`` /
+  ``os.rename`` (a held message must never be placed in ``incoming/``).
 - ``process``: ``DaemonProcess``, ``qmgrd -c DIR run`` as a subprocess, ready
   when it says ``READY=1`` on its sd_notify socket, stopped on exit.
 

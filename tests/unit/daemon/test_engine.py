@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from qmgrd.delivery.agent import HopStatus, Outcome
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, read_content
@@ -89,6 +90,22 @@ async def test_bounced_recipients_produce_one_dsn_to_the_sender(tmp_path: Path) 
     assert spool.list_ids("incoming") == [] and spool.list_ids("active") == []
 
 
+async def test_removed_is_logged_after_the_non_delivery_notification(tmp_path: Path) -> None:
+    """Postfix's order: "ID: sender non-delivery notification: NEWID", then "ID: removed"."""
+    agent = FakeAgent(rule=lambda a: (Outcome.BOUNCED, "5.1.1", "550 5.1.1 no such user")
+                      if a == "bad@a.test" else (Outcome.SENT, "2.0.0", "250 ok"))
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    qid = submit(spool, clock, "sender@src.test", ["bad@a.test"])
+    with capture_logs() as logs:
+        task = await run_until_idle(engine)
+        await stop_engine(engine, task)
+    events = [e["event"] for e in logs if e.get("queue_id") == qid]
+    notices = [i for i, e in enumerate(events) if e.startswith("sender non-delivery notification")]
+    assert len(notices) == 1
+    assert events[-1] == "removed" and events.count("removed") == 1
+    assert notices[0] < len(events) - 1
+
+
 async def test_expired_message_is_returned_and_removed(tmp_path: Path) -> None:
     """With maximal_queue_lifetime = 0 a deferral expires at once: DSN to the sender, file gone."""
     agent = FakeAgent(
@@ -106,7 +123,7 @@ async def test_expired_message_is_returned_and_removed(tmp_path: Path) -> None:
     notices = [r for r in agent.requests if r.sender == ""]
     assert len(notices) == 1
     body = agent.contents[agent.requests.index(notices[0])].decode()
-    assert "r@a.test" in body and "5.4.1" in body
+    assert "r@a.test" in body and "Status: 4.4.1" in body and "Action: failed" in body
 
 
 async def test_dead_destination_defers_waiting_entries_at_once(tmp_path: Path) -> None:

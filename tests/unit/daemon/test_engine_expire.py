@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import email
 import io
 import os
+import re
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from qmgrd.delivery.agent import Outcome
+from qmgrd.log.render import render_postfix
 from qmgrd.ops.operation import Operation
 from qmgrd.ops.postsuper import operate_command
 from qmgrd.spool import Spool, is_forced_expire
@@ -128,3 +132,63 @@ async def test_offline_expire_marks_and_the_next_start_returns(tmp_path: Path) -
     assert len(_notices(agent)) == 1
     assert [r for r in agent.requests if r.sender != ""][1:] == []  # no second delivery try
     assert qid not in spool.list_ids("deferred")
+
+
+def _recipient_fields(notice: bytes) -> list[dict[str, str]]:
+    """The per-recipient field groups of a notice's message/delivery-status part."""
+    parsed = email.message_from_bytes(notice)
+    [status] = [p for p in parsed.walk() if p.get_content_type() == "message/delivery-status"]
+    groups = status.get_payload()
+    assert isinstance(groups, list)
+    return [{k: str(v) for k, v in g.items()} for g in groups[1:] if not isinstance(g, str)]
+
+
+@pytest.mark.parametrize(
+    ("forced", "dsn", "reason"),
+    [
+        (False, "4.4.1", "connect to a.test: refused"),
+        (True, "4.7.0", "message is administratively expired"),  # Postfix's postsuper -e
+    ],
+)
+async def test_expiry_keeps_the_4xx_status_and_logs_like_postfix(
+    tmp_path: Path, forced: bool, dsn: str, reason: str
+) -> None:
+    """An expired message: DSN with Action: failed and the 4.x.x Status; log lines per
+    recipient (dsn=4.x.x, delay=, delays=), Postfix's message line, notice, removed last."""
+    agent = FakeAgent(rule=lambda a: (Outcome.DEFERRED, "4.4.1", "connect to a.test: refused"))
+    lifetime = "1d" if forced else "0"
+    engine, spool, clock = create_test_engine(
+        tmp_path, agent, f"maximal_queue_lifetime = {lifetime}"
+    )
+    qid = submit(spool, clock, "sender@src.test", ["r1@a.test", "r2@a.test"])
+    with capture_logs() as logs:
+        task = await run_until_idle(engine)
+        if forced:
+            assert spool.list_ids("deferred") == [qid]
+            assert await engine.operate(Operation.EXPIRE, [qid]) == {qid: "ok"}
+            await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
+        await stop_engine(engine, task)
+    [notice] = _notices(agent)
+    fields = _recipient_fields(notice)
+    assert [(f["Final-Recipient"], f["Action"], f["Status"]) for f in fields] == [
+        ("rfc822; r1@a.test", "failed", dsn),
+        ("rfc822; r2@a.test", "failed", dsn),
+    ]
+    mine = [e for e in logs if e.get("queue_id") == qid]
+    expired = [e for e in mine if e["event"] == "expired"]
+    assert [(e["to"], e["dsn"]) for e in expired] == [("<r1@a.test>", dsn), ("<r2@a.test>", dsn)]
+    line = render_postfix(dict(expired[0]))
+    assert re.fullmatch(
+        qid + r": to=<r1@a\.test>, relay=[^,]+, delay=[\d.]+, delays=[\d.]+/[\d.]+/0/0, "
+        rf"dsn={re.escape(dsn)}, status=expired, returned to sender \({re.escape(reason)}\)",
+        line,
+    ), line
+    [returned] = [e for e in mine if e["event"] == "returned"]
+    word = "force-expired" if forced else "expired"
+    assert render_postfix({k: v for k, v in returned.items() if k != "log_level"}) == (
+        f"{qid}: from=<sender@src.test>, status={word}, returned to sender"
+    )
+    tail = [e["event"] for e in mine][-4:]
+    assert tail[:2] == ["expired", "returned"]
+    assert tail[2].startswith("sender non-delivery notification: ")
+    assert tail[3] == "removed"  # Postfix: removed is the message's last line

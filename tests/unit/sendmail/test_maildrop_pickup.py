@@ -24,6 +24,7 @@ from qmgrd.sendmail.maildrop import (
 from qmgrd.sendmail.options import UsageError, parse
 from qmgrd.spool import Spool, new_queue_id
 from qmgrd.tables import open_table
+from tests.support.links import record_placements
 
 
 def test_options_parse_like_postfix() -> None:
@@ -166,13 +167,19 @@ CHECKS = "regexp:{{/^X-Hold:/ HOLD review}, {/^X-Drop:/ DISCARD}, {/^X-Bad:/ REJ
     ("header", "queue"),
     [(b"X-Hold: 1", "hold"), (b"X-Drop: 1", None)],
 )
-def test_pickup_outcomes(tmp_path: Path, header: bytes, queue: str | None) -> None:
-    """HOLD -> hold/; DISCARD -> removed, nothing queued."""
+def test_pickup_outcomes(
+    tmp_path: Path, header: bytes, queue: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HOLD -> straight into hold/ (never placed in incoming/); DISCARD -> nothing queued."""
     p, spool, notified = _pickup(tmp_path, CHECKS)
     qid = new_queue_id()
     write_maildrop(p.maildrop, qid, encode_maildrop(_message(content=header + b"\n\nb\n")))
+    placed = record_placements(monkeypatch)
     p.scan()
     assert notified == []
+    assert spool.root / "incoming" / qid not in placed
+    if queue == "hold":
+        assert placed == [spool.root / "hold" / qid]
     for q in ("incoming", "hold"):
         assert spool.list_ids(q) == ([qid] if q == queue else [])
     assert not (p.maildrop / qid).exists()

@@ -1,13 +1,15 @@
-"""mailq output: Postfix text layout, status marks, defer reasons, JSON objects, empty queue."""
+"""mailq output: Postfix text layout, status marks, defer reasons, JSON, empty queue, maildrop."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from pathlib import Path
 
-from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool, mark_done
+from qmgrd.sendmail.maildrop import MaildropMessage, encode_maildrop, write_maildrop
+from qmgrd.spool import Envelope, ReasonRecord, RecipientSpec, Spool, mark_done, new_queue_id
 from qmgrd.spool.mailq import HEADER, format_json, format_text, mailq_command, scan_queue
 
 
@@ -89,3 +91,44 @@ def test_mailq_command_reads_the_configured_spool(tmp_path: Path) -> None:
     out = io.StringIO()
     assert mailq_command(cfg, as_json=False, out=out) == 0
     assert out.getvalue().endswith("-- 0 Kbytes in 1 Request.\n")  # 1 byte, rounded down
+
+
+def test_mailq_lists_maildrop_like_showq(tmp_path: Path) -> None:
+    """Mail waiting in maildrop/ is listed (text and JSON) with queue_name "maildrop"."""
+    cfg = tmp_path / "etc"
+    cfg.mkdir()
+    (cfg / "main.cf").write_text("queue_directory = ../spool\n")
+    (cfg / "master.cf").write_text("")
+    spool = _spool(tmp_path)
+    maildrop = spool.root / "maildrop"
+    maildrop.mkdir()
+    qid = new_queue_id()
+    message = MaildropMessage("cron@h.example", ("a@y.example", "b@y.example"), b"x" * 3000)
+    path = write_maildrop(maildrop, qid, encode_maildrop(message), fsync=False)
+    os.utime(path, (1_700_000_000, 1_700_000_000))
+    write_maildrop(maildrop, new_queue_id(), b"not a maildrop file\n\nx", fsync=False)
+    (maildrop / ".inprogress").write_bytes(encode_maildrop(message))  # being written
+    size = path.stat().st_size
+    out = io.StringIO()
+    assert mailq_command(cfg, as_json=True, out=out) == 0
+    (obj,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert obj == {
+        "queue_name": "maildrop",
+        "queue_id": qid,
+        "arrival_time": 1_700_000_000,
+        "message_size": size,
+        "forced_expire": False,
+        "sender": "cron@h.example",
+        "recipients": [{"address": "a@y.example"}, {"address": "b@y.example"}],
+    }
+    out = io.StringIO()
+    assert mailq_command(cfg, as_json=False, out=out) == 0
+    when = time.asctime(time.localtime(1_700_000_000))[:20]
+    assert out.getvalue().splitlines() == [
+        HEADER,
+        f"{qid + ' ':<11} {size:>7} {when} cron@h.example",
+        f"{'':41}a@y.example",
+        f"{'':41}b@y.example",
+        "",
+        f"-- {size // 1024} Kbytes in 1 Request.",
+    ]

@@ -10,7 +10,7 @@ import pytest
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
 from qmgrd.spool.records import encode_queue_file
-from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter, commit_writers
+from qmgrd.spool.writer import FLUSH_SIZE, EnvelopeHead, QueueFileWriter, commit_writers
 
 HEAD = EnvelopeHead(
     sender="s\u00e9@x.test",
@@ -188,26 +188,94 @@ def test_queue_id_is_known_at_creation_and_kept_by_commit(spool: Spool) -> None:
 
 
 def test_replace_recipients_before_any_flush(spool: Spool) -> None:
-    """REDIRECT: the buffered recipients are replaced; after a flush it is refused."""
+    """REDIRECT of a buffered message: the recipients are replaced in the buffer."""
     writer = QueueFileWriter(spool, HEAD)
     for rcpt in RCPTS:
         writer.add_recipient(rcpt)
     writer.begin_content()
     writer.add_content(b"Subject: s\r\n\r\nbody\r\n")
-    assert writer.replace_recipients([RecipientSpec("abuse@z.test")])
+    writer.replace_recipients([RecipientSpec("abuse@z.test")])
     (qid,) = commit_writers(spool, [writer])
     assert isinstance(qid, str)
     qf = QueueFile.open(spool.path("incoming", qid))
     assert [r.address for r in qf.read_all_recipients()] == ["abuse@z.test"]
     assert qf.rcpt_count == 1
     assert read_content(spool.path("incoming", qid)) == b"Subject: s\r\n\r\nbody\r\n"
-    flushed = QueueFileWriter(spool, HEAD, flush_size=16)
-    flushed.add_recipient(RCPTS[0])
-    flushed.begin_content()
-    flushed.add_content(b"x" * 100)
-    flushed.flush()
-    assert not flushed.replace_recipients([RecipientSpec("abuse@z.test")])
-    flushed.discard()
+
+
+@pytest.mark.parametrize("size", [200 * 1024, 3 * 1024 * 1024 + 17])
+def test_replace_recipients_after_flushes_rebuilds_the_file(spool: Spool, size: int) -> None:
+    """REDIRECT of a message larger than the buffer: same content, only the new recipients."""
+    content = bytes(range(256)) * (size // 256) + b"tail"
+    writer = QueueFileWriter(spool, HEAD)  # the daemon's 128 KiB buffer
+    for rcpt in RCPTS:
+        writer.add_recipient(rcpt)
+    writer.begin_content()
+    for i in range(0, len(content), 65536):
+        writer.add_content(content[i : i + 65536])
+        if writer.needs_flush:
+            writer.flush()
+        assert writer.buffered < FLUSH_SIZE + 65536
+    assert os.listdir(spool.root / "incoming") == ["." + writer.queue_id]  # flushed to disk
+    writer.replace_recipients([RecipientSpec("abuse@z.test"), RecipientSpec("copy@z.test")])
+    (qid,) = commit_writers(spool, [writer])
+    assert isinstance(qid, str)
+    path = spool.path("incoming", qid)
+    qf = QueueFile.open(path)
+    assert [r.address for r in qf.read_all_recipients()] == ["abuse@z.test", "copy@z.test"]
+    assert qf.rcpt_count == 2 and qf.sender == HEAD.sender and qf.content_size == len(content)
+    assert read_content(path) == content
+    assert sorted(os.listdir(spool.root / "incoming")) == [qid]  # no temporary left
+
+
+def test_failed_rebuild_leaves_nothing(spool: Spool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk error while rebuilding for REDIRECT: SpoolError, and no file anywhere."""
+    writer = QueueFileWriter(spool, HEAD, flush_size=1024)
+    writer.add_recipient(RCPTS[0])
+    writer.begin_content()
+    writer.add_content(b"x" * 5000)
+    writer.flush()
+    writer.replace_recipients([RecipientSpec("abuse@z.test")])
+
+    def broken(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("qmgrd.spool.writer._copy", broken)
+    (result,) = commit_writers(spool, [writer])
+    assert isinstance(result, SpoolError)
+    assert os.listdir(spool.root / "incoming") == []
+
+
+def test_hold_target_commits_straight_into_hold(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """target = "hold": the file is linked into hold/ and never appears in incoming/."""
+    seen: list[list[str]] = []
+    real_link = os.link
+
+    def link(src: object, dst: object) -> None:
+        seen.append(sorted(os.listdir(spool.root / "incoming")))
+        real_link(src, dst)  # type: ignore[arg-type]
+
+    writer = QueueFileWriter(spool, HEAD)
+    writer.add_recipient(RCPTS[0])
+    writer.begin_content()
+    writer.add_content(b"Subject: held\r\n\r\nx\r\n")
+    writer.target = "hold"
+    monkeypatch.setattr(os, "link", link)
+    (qid,) = commit_writers(spool, [writer])
+    monkeypatch.undo()
+    assert isinstance(qid, str)
+    assert seen == [["." + qid]]  # only the temporary, under a name every scan ignores
+    assert spool.list_ids("hold") == [qid] and spool.list_ids("incoming") == []
+    assert read_content(spool.path("hold", qid)) == b"Subject: held\r\n\r\nx\r\n"
+
+
+def test_spool_commit_into_hold(spool: Spool) -> None:
+    """Spool.commit(queue="hold"): durable in hold/, nothing in incoming/."""
+    qid = spool.commit(_envelope(), b"a\r\n", queue="hold")
+    assert spool.list_ids("hold") == [qid]
+    assert os.listdir(spool.root / "incoming") == []
 
 
 def test_commit_under_a_given_queue_id(spool: Spool) -> None:
