@@ -122,7 +122,10 @@ def format_status(status: Mapping[str, Any]) -> str:
         )
     if core.destination_state:  # cluster (qmgrd.daemon.destgate)
         state = dict(core.destination_state)
-        where = "connected" if state.get("connected", True) else "UNREACHABLE, on local limits"
+        if "connected" not in state:
+            where = "(this node only)"
+        else:
+            where = "connected" if state["connected"] else "UNREACHABLE, on local limits"
         lines.append(
             f"destination state: {printable(str(state.get('backend', '?')))} {where}; "
             + ", ".join(

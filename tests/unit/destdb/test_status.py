@@ -42,3 +42,11 @@ def test_metrics() -> None:
     assert families["qmgrd_destination_state_outages"] == 1.0
     assert families["qmgrd_destination_state_round_trips"] == 420.0
     assert list(destination_state_metrics({})) == []
+
+
+def test_local_backend_line() -> None:
+    """The default backend says it is this node's alone."""
+    core = EngineStatus(0.0, 0, 0, 0, (), (), (("backend", "local"), ("postponed", 0)))
+    assert "destination state: local (this node only); postponed=0" in format_status(
+        {"pid": 1, **core.to_json()}
+    )
