@@ -840,6 +840,60 @@ _TABLE: tuple[Param, ...] = (
         check=Check.HOSTPORT,
         qmgrd_only=True,
     ),
+    # --- fair queuing between flows (qmgrd only; qmgrd.daemon.flows, qmgrd.core.fairq) ---
+    Param(
+        "default_fairness_key",
+        _S,
+        "none",
+        "what makes a message's flow for fair queuing: none (Postfix's FIFO with preemption), "
+        "sender_domain, sender, sasl_username or client_address",
+        per_transport=True,
+        choices=("none", "sender_domain", "sender", "sasl_username", "client_address"),
+        qmgrd_only=True,
+    ),
+    Param(
+        "fairness_weight_maps",
+        _L,
+        "",
+        "lookup tables mapping a flow key to 'WEIGHT [TENANT]' (default weight 1; keys with "
+        "the same tenant share one flow)",
+        qmgrd_only=True,
+    ),
+    # --- fair admission into the active queue (qmgrd only; qmgrd.core.admission, issue 15) ---
+    Param(
+        "qmgr_flow_active_limit",
+        _I,
+        "0",
+        "maximum messages of one fairness flow in the active queue (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_message_rate_limit",
+        _I,
+        "0",
+        "maximum messages of one fairness flow entering the active queue per "
+        "qmgr_flow_rate_time_unit, at most that many back to back (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_rate_time_unit",
+        _T,
+        "60s",
+        "the time unit of qmgr_flow_message_rate_limit",
+        minimum=1,
+        qmgrd_only=True,
+    ),
+    Param(
+        "qmgr_flow_backlog_limit",
+        _I,
+        "0",
+        "SMTP intake answers 452 4.3.2 at MAIL FROM to a fairness flow with this many "
+        "messages waiting for the active queue (0 = no limit)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
     # --- lookup tables (qmgrd.tables) ---
     Param(
         "parent_domain_matches_subdomains",

@@ -38,6 +38,7 @@ from qmgrd.config import Config, check_reloadable, load_config
 from qmgrd.config.maps import locate_error
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.destgate import GateSettings, create_gate
@@ -100,6 +101,7 @@ def create_engine(
     warn = warn or _warn
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
+    admission = admission_settings(cfg, warn)
     engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
@@ -110,6 +112,7 @@ def create_engine(
         clock=clock or SystemClock(),
         io=IoBatcher(),
     )
+    engine.configure_admission(admission)
     # cluster: the destination gate (qmgrd.daemon.destgate); Daemon closes it after the engine
     engine.ctx.gate = create_gate(cfg, engine.ctx, tuple(delivery_services(cfg)))
     return engine
@@ -131,6 +134,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         agents = create_agents(cfg)
+        admission = admission_settings(cfg, lambda text: log.warning(text))
         gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
@@ -144,6 +148,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver=resolver,
         agents=agents,
     )
+    engine.configure_admission(admission)
     if engine.ctx.gate is not None:
         engine.ctx.gate.update(gate)  # cluster: reloaded rate limits and caps
     return cfg
@@ -231,8 +236,13 @@ class Daemon:
     async def _start_listeners(self) -> None:
         """The smtpd_listen listener, then one per master.cf inet service (shared commits)."""
         main, *others = listener_settings(self.cfg, cleanup=self.cleanup)  # certificates checked
+        gate = EngineFlowGate(self.engine)
         self.listener = await start_listener(
-            main, self.spool, on_commit=self.engine.notify_incoming, observer=self.metrics.intake
+            main,
+            self.spool,
+            on_commit=self.engine.notify_incoming,
+            observer=self.metrics.intake,
+            gate=gate,
         )
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
@@ -243,6 +253,7 @@ class Daemon:
                 committer=self.listener.committer,
                 passwords=self.listener.ctx.passwords,
                 observer=self.metrics.intake,
+                gate=gate,
             )
             self.services[settings.service] = handle
 

@@ -23,10 +23,12 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from qmgrd.core.flow import Flow
 from qmgrd.core.params import TransportParams
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.clock import Clock
+from qmgrd.daemon.flows import FlowEnvelope
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.settings import EngineSettings
 from qmgrd.daemon.table import MessageTable
@@ -95,6 +97,7 @@ class EngineContext:
     metrics: DeliveryObserver | None = None
     retry_delay: float = RETRY_DELAY
     stopping: bool = False
+    admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)
     log: Any = field(default_factory=lambda: get_logger("qmgr"))
     smtp_log: Any = field(default_factory=lambda: get_logger("smtp"))
     gate: DestGate | None = None  # cluster: shared destination state (qmgrd.daemon.destgate)

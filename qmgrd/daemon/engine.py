@@ -45,6 +45,7 @@ from typing import Any
 from qmgrd.core.params import SchedulerParams, TransportParams
 from qmgrd.core.resolve import Resolver
 from qmgrd.core.scheduler import Scheduler
+from qmgrd.daemon.admitting import STATUS_TOP, AdmissionSettings
 from qmgrd.daemon.clock import Clock
 from qmgrd.daemon.context import DeliveryObserver, EngineContext, EngineStats
 from qmgrd.daemon.dispatch import Dispatcher, close_agents
@@ -62,6 +63,7 @@ from qmgrd.daemon.supervisor import TaskSupervisor
 from qmgrd.daemon.table import ActiveMessage, MessageState
 from qmgrd.delivery.agent import Agent
 from qmgrd.errors import InvariantError
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.ops.operation import Operation
 from qmgrd.spool import Spool
 
@@ -166,13 +168,17 @@ class Engine:
         """Make the loop run a pass now (after an event outside the engine)."""
         self._kick.set()
 
-    def notify_incoming(self, queue_id: str) -> None:
-        """The listener committed ``queue_id`` to ``incoming/``: pick it up soon."""
-        self.ctx.table.create(queue_id, "incoming")
-        self._kick.set()
+    def notify_incoming(self, queue_id: str, facts: FlowFacts | None = None) -> None:
+        """``queue_id`` is in ``incoming/``: load it soon (``facts``: its flow's, if known)."""
+        self.loader.enqueue(queue_id, "incoming", facts)
 
     def _enqueue_deferred(self, queue_id: str) -> None:
-        self.ctx.table.create(queue_id, "deferred")
+        self.loader.enqueue(queue_id, "deferred")
+
+    def configure_admission(self, settings: AdmissionSettings) -> None:
+        """Fair admission's flows and per-flow limits (start and reload; ``admitting``)."""
+        self.ctx.admit_flow = settings.flow_fn()
+        self.ctx.table.admission.set_limits(settings.limits)
         self._kick.set()
 
     def request_deferred_scan(self, *, flush: bool = False) -> None:
@@ -280,6 +286,7 @@ class Engine:
                 self._deferred_scan_due or None,
                 self.ctx.table.next_retry(),
                 self.loader.rescan_due or None,
+                self.ctx.table.admission.next_deadline(),
             )
             if d is not None
         ]
@@ -357,7 +364,8 @@ class Engine:
             self.ctx.stats,
             self.ctx.table.waiting,
             self.ctx.clock.now() - self._started_at,
-            self.ctx.gate.status() if self.ctx.gate is not None else None,
+            admission=self.ctx.table.admission.backlogs(STATUS_TOP),
+            destination_state=self.ctx.gate.status() if self.ctx.gate is not None else None,
         )
 
     def status(self) -> dict[str, Any]:

@@ -6,8 +6,14 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   thread) and put every id the table does not know in WAITING. A failed scan
   of ``incoming/`` is retried after ``retry_delay`` (``rescan_due``);
   ``deferred/`` is scanned every ``queue_run_delay`` anyway.
+  With a fairness key, each unknown file's flow is read from its envelope
+  head first (``qmgrd.daemon.admitting``; the incoming scan does that in a
+  task of its own, so start-up does not wait for it); ``enqueue`` queues one
+  id (its flow from the listener's facts, or read).
 - ``feed(now)`` moves WAITING messages to LOADING while the active queue has
-  room (``qmgr_message_active_limit``) and starts one load each.
+  room (``qmgr_message_active_limit``) and starts one load each; which one is
+  fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
+  Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
   (notes §9), parses the envelope and registers the message with the
   scheduler (IN_CORE). A file that cannot be parsed (or whose parse fails in
@@ -34,13 +40,17 @@ message unaccounted for in the table. ``InvariantError`` is never caught here.
 from __future__ import annotations
 
 import os
+from functools import partial
 from pathlib import Path
 
+from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
 from qmgrd.core.resolve import queue_name
+from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
 
 __all__ = ["Loader"]
@@ -66,8 +76,10 @@ class Loader:
             ctx.log.error("cannot scan the incoming queue", error=str(exc))
             self.rescan_due = ctx.clock.now() + ctx.retry_delay
             return
-        for queue_id in ids:
-            ctx.table.create(queue_id, "incoming")
+        if ctx.admit_flow is None:
+            await self.enqueue_ids(ids, "incoming")  # no reads: all waiting at once
+        else:  # envelope heads are read in chunks; start-up and loads need not wait for all
+            ctx.spawn(self.enqueue_ids(ids, "incoming"))
         ctx.kick()
 
     async def scan_deferred(self, now: float, *, flush: bool) -> None:
@@ -81,10 +93,50 @@ class Loader:
         except (OSError, SpoolError) as exc:
             ctx.log.error("cannot scan the deferred queue", error=str(exc))
             ids = []
+        try:
+            await self.enqueue_ids(ids, "deferred")
         finally:
             self.deferred_scan_running = False
-        for queue_id in ids:
-            ctx.table.create(queue_id, "deferred")
+
+    # ------------------------------------------------------------------ waiting, by flow
+
+    def enqueue(self, queue_id: str, source: str, facts: FlowFacts | None = None) -> None:
+        """``queue_id`` waits in ``source`` under its flow: from ``facts`` when given, else
+        from its envelope head (read in a worker thread); nothing read with fairness none."""
+        ctx = self.ctx
+        if queue_id not in ctx.table:
+            if ctx.admit_flow is None:
+                ctx.table.create(queue_id, source)
+            elif facts is not None:
+                ctx.table.create(queue_id, source, flow=self._flow(queue_id, facts))
+            else:
+                ctx.spawn(self.enqueue_ids([queue_id], source))
+        ctx.kick()
+
+    async def enqueue_ids(self, ids: list[str], source: str) -> None:
+        """Make the unknown ``ids`` of ``source`` wait, in order (module doc of admitting)."""
+        ctx = self.ctx
+        if ctx.admit_flow is None:
+            for queue_id in ids:
+                ctx.table.create(queue_id, source)
+            return
+        unknown = [queue_id for queue_id in ids if queue_id not in ctx.table]
+        for start in range(0, len(unknown), HEAD_CHUNK):
+            chunk = unknown[start : start + HEAD_CHUNK]
+            heads = await ctx.io.submit(partial(read_flow_facts, ctx.spool, source, chunk))
+            for queue_id, facts in heads:
+                ctx.table.create(queue_id, source, flow=self._flow(queue_id, facts))
+            ctx.kick()
+
+    def _flow(self, queue_id: str, facts: FlowFacts | None) -> Flow:
+        try:
+            return flow_or_none(self.ctx.admit_flow, facts)
+        except InvariantError:
+            raise
+        except Exception as exc:  # a weight table that fails: admitted, as flow "none"
+            self.ctx.log.error("cannot compute the message's flow", queue_id=queue_id,
+                               error=repr(exc))
+            return FLOW_NONE
 
     def run_rescan(self, now: float) -> None:
         """Start the retry of a failed incoming scan when it is due."""
@@ -104,9 +156,10 @@ class Loader:
         ctx = self.ctx
         limit = ctx.settings.qmgr_message_active_limit
         table = ctx.table
+        table.admission.wake(now)  # paced flows due now compete (no deadline left behind)
         while not ctx.stopping and ctx.scheduler.message_count + table.loading < limit:
             room = ctx.scheduler.message_count + table.loading + 1 < limit
-            record = table.next_waiting(room)
+            record = table.next_waiting(room, now)
             if record is None:
                 return
             ctx.spawn(self.load(record, now))

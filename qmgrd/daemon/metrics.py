@@ -298,11 +298,33 @@ class _StateCollector(Collector):
         build.add_metric((__version__, platform.python_version()), 1)
         yield build
         if metrics.status_fn is not None:
-            yield from _status_metrics(metrics.status_fn(), metrics.top_destinations)
+            status = metrics.status_fn()
+            yield from _status_metrics(status, metrics.top_destinations)
+            yield from _admission_metrics(status)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
+
+
+def _admission_metrics(status: EngineStatus) -> Iterable[Metric]:
+    """Fair admission per flow: the top flows of the snapshot and ``other`` (bounded labels)."""
+    waiting = GaugeMetricFamily(
+        "qmgrd_flow_messages_waiting",
+        "Messages of a flow waiting for the active queue (top flows, the rest as 'other').",
+        labels=["flow"],
+    )
+    active = GaugeMetricFamily(
+        "qmgrd_flow_messages_active",
+        "Messages of a flow admitted to the active queue (top flows, the rest as 'other').",
+        labels=["flow"],
+    )
+    for row in status.admission:
+        label = row.label or "none"
+        waiting.add_metric([label], row.waiting)
+        active.add_metric([label], row.active)
+    yield waiting
+    yield active
 
 
 def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:

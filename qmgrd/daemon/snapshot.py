@@ -13,6 +13,7 @@ the snapshot is ``EngineStatus.to_json()``: the JSON shape documented in
 
     {"uptime": 12.5, "messages_in_core": 7, "recipients_in_core": 42,
      "messages_waiting": 3, "stats": {"deliveries": 9, ...},
+     "admission": [{"flow": "sender_domain:bulk.example", "waiting": 3, "active": 7}],
      "transports": [{"name": "smtp", "dead": false, "busy": 4, "reason": null,
                      "queues": [{"name": "example.com", "nexthop": "example.com",
                                  "window": 5, "busy": 2, "todo": 0,
@@ -33,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qmgrd.core.admission import FlowBacklog
 from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.context import EngineStats
 
@@ -120,6 +122,7 @@ class EngineStatus:
     messages_waiting: int
     stats: tuple[tuple[str, int], ...]  # counter name and value, in declaration order
     transports: tuple[TransportStatus, ...]
+    admission: tuple[FlowBacklog, ...] = ()  # fair admission: top flows by backlog + "other"
     # cluster: the destination state backend (qmgrd.daemon.destgate.DestGate.status)
     destination_state: tuple[tuple[str, Any], ...] = ()
 
@@ -132,6 +135,7 @@ class EngineStatus:
             "messages_waiting": self.messages_waiting,
             "stats": dict(self.stats),
             "transports": [t.to_json() for t in self.transports],
+            "admission": _admission_to_json(self.admission),
         }
         if self.destination_state:
             out["destination_state"] = dict(self.destination_state)
@@ -149,6 +153,7 @@ class EngineStatus:
             stats=tuple((str(k), int(v)) for k, v in stats.items()
                         if isinstance(v, int | float)),
             transports=tuple(TransportStatus.from_json(t) for t in data.get("transports") or ()),
+            admission=_admission_from_json(data.get("admission")),
             destination_state=tuple((data.get("destination_state") or {}).items()),
         )
 
@@ -186,6 +191,8 @@ def take_snapshot(
     stats: EngineStats,
     waiting: int,
     uptime: float,
+    *,
+    admission: tuple[FlowBacklog, ...] = (),
     destination_state: Mapping[str, Any] | None = None,
 ) -> EngineStatus:
     """The engine's snapshot now (on the loop; see the module doc)."""
@@ -222,7 +229,22 @@ def take_snapshot(
         messages_waiting=waiting,
         stats=tuple((name, getattr(stats, name)) for name in stats.__slots__),
         transports=tuple(transports),
+        admission=admission,
         destination_state=tuple((destination_state or {}).items()),
+    )
+
+
+def _admission_to_json(rows: tuple[FlowBacklog, ...]) -> list[dict[str, Any]]:
+    return [{"flow": r.label, "waiting": r.waiting, "active": r.active} for r in rows]
+
+
+def _admission_from_json(data: object) -> tuple[FlowBacklog, ...]:
+    if not isinstance(data, list):
+        return ()
+    return tuple(
+        FlowBacklog(str(r.get("flow", "")), int(r.get("waiting", 0)), int(r.get("active", 0)))
+        for r in data
+        if isinstance(r, dict)
     )
 
 

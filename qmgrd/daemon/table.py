@@ -26,8 +26,12 @@ Allowed moves (anything else raises :class:`InvariantError` naming the state)::
 
 ``create`` enters WAITING (or LOADING directly), ``move`` changes the state,
 ``done`` disposes of a message and ``find`` may return None. The waiting
-messages keep their arrival order per source queue; ``next_waiting`` gives
-the next one to load, alternating incoming and deferred as Postfix does.
+messages are kept by :class:`~qmgrd.core.admission.Admission` (``admission``):
+per flow in arrival order per source queue; ``next_waiting`` gives the next
+one to load, fairly between flows and, inside the choice, alternating
+incoming and deferred as Postfix does (with fairness ``none``: exactly
+Postfix's order). A message taken by ``next_waiting`` counts against its
+flow's limits until ``done``.
 ``settled(record)`` is an event set whenever the message is neither
 LOADING nor FINISHING (operator operations wait on it, bounded); it is made
 only when someone waits, so a big load queue costs no event per message.
@@ -40,11 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qmgrd.core.admission import Admission
+from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.message import Message, ResolvedRecipient
 from qmgrd.errors import InvariantError
 from qmgrd.ops.operation import Operation
@@ -111,16 +116,17 @@ class Tracked:
     retry_at: float = 0.0  # RETRY: when the finish runs again
     failures: int = 0  # finishes that failed in a row (backoff)
     waiter: asyncio.Event | None = None  # made by ``settled`` only when someone waits
+    flow: Flow = FLOW_NONE  # fair admission's flow (qmgrd.daemon.flows)
+    admitted: bool = False  # taken by next_waiting: counted in its flow until done
 
 
 class MessageTable:
     """The engine's known messages, one checked state each (see the module doc)."""
 
-    def __init__(self) -> None:
-        """An empty table."""
+    def __init__(self, admission: Admission | None = None) -> None:
+        """An empty table; ``admission`` orders the waiting messages (default: no limits)."""
         self._records: dict[str, Tracked] = {}
-        self._waiting: dict[Source, deque[str]] = {"incoming": deque(), "deferred": deque()}
-        self._prefer_incoming = True
+        self.admission = admission or Admission()
         self._retry: dict[str, Tracked] = {}  # RETRY records: every pass looks at them
         self.loading = 0  # records in LOADING (cheap for the feed's limit check)
 
@@ -147,7 +153,7 @@ class MessageTable:
     @property
     def waiting(self) -> int:
         """Messages waiting to be loaded."""
-        return len(self._waiting["incoming"]) + len(self._waiting["deferred"])
+        return len(self.admission)
 
     def next_retry(self) -> float | None:
         """The earliest ``retry_at`` of a RETRY record, or None."""
@@ -157,18 +163,19 @@ class MessageTable:
 
     # ------------------------------------------------------------------ moves
 
-    def create(self, queue_id: str, source: Source, *, waiting: bool = True) -> Tracked | None:
-        """Start tracking ``queue_id`` (WAITING, queued for loading); None if already known."""
+    def create(
+        self, queue_id: str, source: Source, *, waiting: bool = True, flow: Flow = FLOW_NONE
+    ) -> Tracked | None:
+        """Start tracking ``queue_id`` (WAITING, queued for loading as a message of
+        ``flow``); None if already known."""
         if queue_id in self._records:
             return None
-        if source not in self._waiting:
-            raise InvariantError(f"{queue_id}: cannot wait in {source!r}")
         state = MessageState.WAITING if waiting else MessageState.LOADING
-        record = Tracked(queue_id, state, source)
-        self._records[queue_id] = record
+        record = Tracked(queue_id, state, source, flow=flow)
         if waiting:
-            self._waiting[source].append(queue_id)
-        else:
+            self.admission.add(queue_id, source, flow)  # checks the source
+        self._records[queue_id] = record
+        if not waiting:
             self.loading += 1
         return record
 
@@ -189,8 +196,10 @@ class MessageTable:
     def done(self, record: Tracked) -> None:
         """Forget ``record`` (its file work is over, or an operator took it)."""
         self._check(record, None)
+        if record.admitted:
+            self.admission.release(record.flow)
         if record.state is MessageState.WAITING:
-            self._waiting[record.source].remove(record.queue_id)
+            self.admission.remove(record.queue_id)
         elif record.state is MessageState.LOADING:
             self.loading -= 1
         elif record.state is MessageState.RETRY:
@@ -199,23 +208,22 @@ class MessageTable:
         if record.waiter is not None:
             record.waiter.set()
 
-    def next_waiting(self, room: bool) -> Tracked | None:
-        """The next WAITING message to load (incoming and deferred alternate), now LOADING.
+    def next_waiting(self, room: bool, now: float = 0.0) -> Tracked | None:
+        """The next WAITING message to load (fair between flows), now LOADING; None when
+        nothing waits or every waiting flow is at its limit.
 
         ``room``: whether the active queue still has room after this one; when
-        it is full, incoming gets the next slot (notes §1).
+        it is full, incoming gets the next slot (notes §1). ``now``: for the
+        per-flow rate.
         """
-        incoming, deferred = self._waiting["incoming"], self._waiting["deferred"]
-        if not incoming and not deferred:
+        found = self.admission.next(room, now)
+        if found is None:
             return None
-        if deferred and (not incoming or not self._prefer_incoming):
-            queue_id, source = deferred.popleft(), "deferred"
-        else:
-            queue_id, source = incoming.popleft(), "incoming"
-        self._prefer_incoming = source == "deferred" or not room
+        queue_id, source, _flow = found
         record = self._records[queue_id]
         if record.state is not MessageState.WAITING or record.source != source:
             raise InvariantError(f"{queue_id}: queued for loading while {record.state.value}")
+        record.admitted = True
         record.state = MessageState.LOADING
         self.loading += 1
         self._settle(record)

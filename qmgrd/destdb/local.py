@@ -6,16 +6,17 @@ Contract
 node. It never answers DEAD or WAIT: with ``local`` each node finds dead destinations with
 its own feedback, as Postfix does (the core's windows). It enforces:
 
-- ``limits.rate`` with GCRA (burst 1): a delivery may start when the destination's
-  theoretical arrival time (TAT) has come; each one pushes the TAT by ``period / count``.
+- ``limits.rate`` with GCRA (burst 1, :class:`qmgrd.core.gcra.Gcra`): a delivery may start
+  when the destination's theoretical arrival time (TAT) has come; each one pushes the TAT by
+  ``period / count``.
   With ``share`` < 1 the rate is ``share`` of it (the Redis backend's fallback: this node's
   share of a cluster-wide limit);
 - ``limits.cap`` times ``share`` (at least 1) concurrent leases per destination: with
   ``share`` 1 that is the transport's concurrency limit, which the core's window already
   keeps, so only the fallback ever sees FULL.
 
-``clock`` returns seconds (monotonic); tests pass a fake one. Records of idle destinations
-are dropped when their TAT has passed and no lease is held (bounded memory).
+``clock`` returns seconds (monotonic); tests pass a fake one. A destination's rate record is
+dropped when its last lease is released after its TAT, or by a sweep once 10,000 are kept.
 """
 
 from __future__ import annotations
@@ -25,20 +26,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from qmgrd.core.gcra import Gcra
 from qmgrd.destdb import Admission, DestKey, Lease, Limits, Verdict
 
-__all__ = ["LocalState", "gcra_admit"]
+__all__ = ["LocalState"]
 
-
-def gcra_admit(tat: float, now: float, interval: float) -> tuple[bool, float]:
-    """GCRA with burst 1: (allowed, new TAT or seconds to wait).
-
-    Allowed when ``tat <= now``; the new TAT is ``max(tat, now) + interval``. Denied: the
-    second value is how long until it is allowed. The Redis script does the same in Lua.
-    """
-    if tat > now:
-        return False, tat - now
-    return True, max(tat, now) + interval
+_SWEEP_AT = 10_000  # rate records kept before the idle ones are swept
 
 
 class LocalState:
@@ -50,7 +43,7 @@ class LocalState:
             raise ValueError(f"share {share}: must be in (0, 1]")
         self._clock = clock
         self.share = share
-        self._tat: dict[DestKey, float] = {}
+        self._rates: dict[DestKey, Gcra] = {}
         self._leases: dict[DestKey, int] = {}
         self._ids = itertools.count(1)
         self.denied = 0
@@ -78,15 +71,25 @@ class LocalState:
             return Admission(Verdict.FULL, count=held)
         if limits.rate is not None:
             now = self._clock()
-            ok, value = gcra_admit(self._tat.get(key, now), now, limits.rate.interval / self.share)
-            if not ok:
+            per_second = self.share / limits.rate.interval
+            gcra = self._rates.get(key)
+            if gcra is None or gcra.rate != per_second:  # new, or the limit was reloaded
+                if len(self._rates) >= _SWEEP_AT:
+                    self._sweep(now)
+                gcra = self._rates[key] = Gcra(per_second)
+            if not gcra.conforms(now):
                 self.denied += 1
-                return Admission(Verdict.RATE, retry_after=value, count=held)
-            self._tat[key] = value
+                return Admission(Verdict.RATE, retry_after=gcra.allowed_at(now) - now, count=held)
+            gcra.take(now)
         self._leases[key] = self._leases.get(key, 0) + 1
         return Admission(
             Verdict.OK, lease=Lease(key, f"local:{next(self._ids)}", shared=False), count=held + 1
         )
+
+    def _sweep(self, now: float) -> None:
+        """Forget the rate records that would allow a delivery now anyway."""
+        for key in [k for k, g in self._rates.items() if g.conforms(now)]:
+            del self._rates[key]
 
     async def release(self, lease: Lease, *, ok: bool) -> None:
         """Give the lease back."""
@@ -99,9 +102,9 @@ class LocalState:
             self._leases[lease.key] = held
         else:
             self._leases.pop(lease.key, None)
-            tat = self._tat.get(lease.key)
-            if tat is not None and tat <= self._clock():
-                del self._tat[lease.key]
+            gcra = self._rates.get(lease.key)
+            if gcra is not None and gcra.conforms(self._clock()):
+                del self._rates[lease.key]  # idle: a new record would allow the same
 
     async def publish_dead(self, key: DestKey, seconds: float, dsn: tuple[str, str]) -> None:
         """Nothing to share: the core keeps this node's dead destinations."""

@@ -17,6 +17,7 @@ from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.auth import decode_plain
 from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.protocol import AuthLine, Closed
 from qmgrd.spool.records import RecipientSpec
 from qmgrd.spool.writer import EnvelopeHead
@@ -100,6 +101,12 @@ async def mail(s: Session, arg: str) -> None:
         )
         s.reply("452 4.3.1 Insufficient system storage")
         return
+    refused = s.ctx.gate.refuse(FlowFacts(path.address, s.client_addr, s.sasl_user))
+    if refused is not None:  # this flow has too much mail waiting (qmgrd.listener.flowgate)
+        s.log.warning("NOQUEUE: reject", stage="MAIL", client=s.client, code=refused[:9],
+                      reason=refused[10:], from_=f"<{path.address}>")
+        s.reply(refused)
+        return
     arrival = s.ctx.clock()  # Postfix's arrival time is MAIL's too
     warn = s.settings.delay_warning_time
     s.begin_transaction(
@@ -114,6 +121,7 @@ async def mail(s: Session, arg: str) -> None:
             client_addr=s.client_addr,
             helo=s.dialogue.helo_name,
             warn_time=int(arrival) + warn if warn > 0 else None,
+            sasl_username=s.sasl_user,
         )
     )
     s.reply("250 2.1.0 Ok")
@@ -232,6 +240,7 @@ async def data(s: Session, arg: str) -> None:
         sasl_username=s.sasl_user,
     )
     if not hold:
+        s.ctx.gate.committed(queue_id, FlowFacts(txn.sender, s.client_addr, s.sasl_user))
         s.ctx.on_commit(queue_id)
     s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -307,12 +308,14 @@ async def start_listener(
     committer: GroupCommitter | None = None,
     passwords: PasswordChecker | None = None,
     observer: IntakeObserver = NULL_INTAKE,
+    gate: FlowGate = NULL_GATE,
 ) -> ListenerHandle:
     """Bind every ``settings.listen`` address on the running loop and serve SMTP.
 
     ``on_commit(queue_id)`` runs after each durable commit (the engine's wake-up).
     A bind failure is an operator error: ConfigError naming smtpd_listen (or
-    the master.cf service). A ``committer`` or ``passwords`` passed in is
+    the master.cf service). ``gate``: fair admission's intake check
+    (``qmgrd.listener.flowgate``). A ``committer`` or ``passwords`` passed in is
     shared with other listeners: the caller closes it, not ``wait_closed``.
     """
     loop = asyncio.get_running_loop()
@@ -323,6 +326,7 @@ async def start_listener(
         counters=ClientCounters(),
         passwords=passwords or PasswordChecker(),
         observer=observer,
+        gate=gate,
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None

@@ -55,6 +55,7 @@ from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
+from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
@@ -91,6 +92,7 @@ class ListenerContext:
     counters: ClientCounters
     passwords: PasswordChecker
     observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
+    gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
 
 
 @dataclass(slots=True, eq=False)

@@ -17,10 +17,17 @@ reply itself)::
     in core: 2 messages, 7 recipients; 0 waiting to be loaded
     counters: messages_loaded=12, ..., deliveries=14
 
+    admission: flow                       waiting active
+               sender_domain:bulk.example    9120     20
+               sender_domain:shop.example       0      1
+
     transport smtp: busy 2
       destination                 window busy todo state
       example.com                      5    2    0 ready
       example.net                      1    0    3 dead (connect to ...: refused)
+
+The admission lines (fair admission, issue 15) name the top flows by messages
+waiting for the active queue; the rest are summed as ``other``.
 
 Destination names, reasons (remote replies) and every other string of the
 reply are foreign text: they are printed through ``qmgrd.textsafe.printable``
@@ -34,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from qmgrd.core.admission import FlowBacklog
 from qmgrd.daemon.control_socket import control_socket_path
 from qmgrd.daemon.snapshot import StatusReply, TransportStatus
 from qmgrd.ops.client import call
@@ -120,6 +128,7 @@ def format_status(status: Mapping[str, Any]) -> str:
         lines.append(
             "counters: " + ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in core.stats)
         )
+    lines.extend(_admission_lines(core.admission))
     if core.destination_state:  # cluster (qmgrd.daemon.destgate)
         state = dict(core.destination_state)
         if "connected" not in state:
@@ -138,6 +147,18 @@ def format_status(status: Mapping[str, Any]) -> str:
         lines.append("")
         lines.extend(_transport_lines(transport))
     return "\n".join(lines) + "\n"
+
+
+def _admission_lines(rows: tuple[FlowBacklog, ...]) -> list[str]:
+    """Fair admission: each top flow's messages waiting for and admitted to the active queue."""
+    if not rows:
+        return []
+    names = [printable(r.label) for r in rows]
+    width = max(len("flow"), *(len(name) for name in names))
+    lines = ["", f"admission: {'flow':<{width}} waiting active"]
+    for r, name in zip(rows, names, strict=True):
+        lines.append(f"           {name:<{width}} {r.waiting:>7} {r.active:>6}")
+    return lines
 
 
 def _transport_lines(transport: TransportStatus) -> list[str]:

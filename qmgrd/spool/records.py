@@ -14,7 +14,9 @@ Layout, in order::
     T  arrival time "sec usec"
     S  sender ("" = null sender)
     A  envelope attribute "name=value" (envid, ret, smtputf8, body, client_name,
-       client_addr, helo), zero or more
+       client_addr, helo, sasl_username), zero or more; ``sasl_username`` (the
+       AUTH identity of the session, for fairness keys) is optional: files
+       written before it existed read as unauthenticated
     W  delay-warning time, "%15d" seconds, rewritten in place (-1 = warned); optional
     R  recipient still to deliver; D = an R whose type byte was overwritten
        (done). Payload: one flags byte (bits 0-3 = DSN NOTIFY NEVER, SUCCESS,
@@ -83,7 +85,9 @@ WARNED = -1  # W value after the delay warning was sent
 NOTIFY_KEYWORDS = ("NEVER", "SUCCESS", "FAILURE", "DELAY")
 _NOTIFY_BITS = {name: 1 << i for i, name in enumerate(NOTIFY_KEYWORDS)}
 _HAS_ORCPT = 0x80
-_ATTR_NAMES = ("envid", "ret", "smtputf8", "body", "client_name", "client_addr", "helo")
+_ATTR_NAMES = (
+    "envid", "ret", "smtputf8", "body", "client_name", "client_addr", "helo", "sasl_username"
+)
 
 _READ_CHUNK = 65536
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -172,6 +176,7 @@ class Envelope:
     client_addr: str | None = None
     helo: str | None = None
     warn_time: int | None = None  # absolute delay-warning time; None = no W record
+    sasl_username: str | None = None  # the session's AUTH identity; None = not authenticated
 
     def __post_init__(self) -> None:
         if not self.recipients:
@@ -254,6 +259,7 @@ def encode_queue_file(envelope: Envelope, content_size: int) -> tuple[bytes, byt
         "client_name": envelope.client_name,
         "client_addr": envelope.client_addr,
         "helo": envelope.helo,
+        "sasl_username": envelope.sasl_username,
     }
     for name, value in attrs.items():
         if value is not None:
@@ -372,6 +378,7 @@ class QueueFile:
     client_name: str | None = None
     client_addr: str | None = None
     helo: str | None = None
+    sasl_username: str | None = None  # absent in files written before the record existed
     warn_time: int | None = None
     warn_offset: int | None = None  # offset of the W record, for rewrite_warn_time
 
@@ -466,6 +473,7 @@ class QueueFile:
             client_name=attrs.get("client_name"),
             client_addr=attrs.get("client_addr"),
             helo=attrs.get("helo"),
+            sasl_username=attrs.get("sasl_username"),
             warn_time=warn_time,
             warn_offset=warn_offset,
         )

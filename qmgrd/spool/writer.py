@@ -101,6 +101,7 @@ class EnvelopeHead:
     client_addr: str | None = None
     helo: str | None = None
     warn_time: int | None = None
+    sasl_username: str | None = None  # the session's AUTH identity (fairness keys)
 
     def __post_init__(self) -> None:
         if self.ret not in (None, "FULL", "HDRS"):
@@ -127,6 +128,7 @@ class EnvelopeHead:
             "client_name": self.client_name,
             "client_addr": self.client_addr,
             "helo": self.helo,
+            "sasl_username": self.sasl_username,
         }
         recs += [
             encode_record(REC_ATTR, enc(f"{k}={v}")) for k, v in attrs.items() if v is not None

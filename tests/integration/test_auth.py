@@ -196,6 +196,8 @@ async def test_plain_auth_permits_relay_from_outside_mynetworks(server: Listenin
     assert reject["client"] == "unknown[127.0.0.1]" and reject["to"] == "<r@dst.test>"
     queued = next(e for e in logs if e["event"] == "queued")
     assert queued["sasl_username"] == "alice" and queued["sasl_method"] == "PLAIN"
+    # the identity is stored in the queue file (fairness key sasl_username)
+    assert server.spool.open("incoming", server.commits[0]).sasl_username == "alice"
     await chat.cmd("QUIT")
 
 

@@ -166,6 +166,7 @@ async def test_status_adds_file_counts(
         "messages_waiting": 0,
         "stats": {},
         "transports": [],
+        "admission": [],
     }
 
 

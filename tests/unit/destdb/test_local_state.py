@@ -10,7 +10,7 @@ import pytest
 from qmgrd.config import load_config
 from qmgrd.daemon.destgate import GateSettings
 from qmgrd.destdb import DestKey, Limits, Rate, Verdict, parse_rate
-from qmgrd.destdb.local import LocalState, gcra_admit
+from qmgrd.destdb.local import LocalState
 from qmgrd.errors import ConfigError
 from qmgrd.ops.check import run_checks
 from tests.support.clock import FakeClock
@@ -40,14 +40,6 @@ def test_parse_rate_rejects(text: str) -> None:
     """Anything else is an error naming the value."""
     with pytest.raises(ValueError, match="bad rate"):
         parse_rate(text)
-
-
-def test_gcra_burst_one() -> None:
-    """One delivery per interval: allowed when the TAT has come, else told how long to wait."""
-    assert gcra_admit(0.0, 10.0, 0.5) == (True, 10.5)
-    allowed, wait = gcra_admit(10.5, 10.2, 0.5)
-    assert not allowed and wait == pytest.approx(0.3)
-    assert gcra_admit(10.5, 10.5, 0.5) == (True, 11.0)
 
 
 async def test_local_rate_limit_spaces_deliveries() -> None:

@@ -19,7 +19,7 @@ STATE = {
 
 def test_status_shows_the_backend_and_the_fallback() -> None:
     """A node on local fallback limits says so in ``qmgrd status``; the wire form keeps it."""
-    core = EngineStatus(0.0, 0, 0, 0, (), (), tuple(STATE.items()))
+    core = EngineStatus(0.0, 0, 0, 0, (), (), destination_state=tuple(STATE.items()))
     wire = {"pid": 1, **core.to_json()}
     assert EngineStatus.from_json(wire).destination_state == core.destination_state
     text = format_status(wire)
@@ -46,7 +46,9 @@ def test_metrics() -> None:
 
 def test_local_backend_line() -> None:
     """The default backend says it is this node's alone."""
-    core = EngineStatus(0.0, 0, 0, 0, (), (), (("backend", "local"), ("postponed", 0)))
+    core = EngineStatus(
+        0.0, 0, 0, 0, (), (), destination_state=(("backend", "local"), ("postponed", 0))
+    )
     assert "destination state: local (this node only); postponed=0" in format_status(
         {"pid": 1, **core.to_json()}
     )

@@ -46,6 +46,7 @@ _envelope = st.builds(
     client_addr=st.one_of(st.none(), _text),
     helo=st.one_of(st.none(), _text),
     warn_time=st.one_of(st.none(), st.integers(-1, 10**12)),
+    sasl_username=st.one_of(st.none(), _text),
 )
 
 _settings = settings(
@@ -68,6 +69,7 @@ def test_round_trip(spool: Spool, env: Envelope, content: bytes) -> None:
     assert (qf.envid, qf.ret, qf.smtputf8, qf.body) == (env.envid, env.ret, env.smtputf8, env.body)
     assert (qf.client_name, qf.client_addr, qf.helo) == (env.client_name, env.client_addr, env.helo)
     assert qf.warn_time == env.warn_time
+    assert qf.sasl_username == env.sasl_username
     assert qf.rcpt_count == len(env.recipients)
     assert _specs(qf) == list(env.recipients)
     assert read_content(qf.path) == content
@@ -174,3 +176,15 @@ def test_envelope_validation() -> None:
         Envelope("s@x", (RecipientSpec("a@x"),), 1.0, ret="ALL")
     with pytest.raises(InvariantError):
         RecipientSpec("a@x", notify=frozenset({"NEVER", "DELAY"}))
+
+
+def test_file_without_sasl_username_reads_as_unauthenticated(spool: Spool) -> None:
+    """A queue file written before the sasl_username record existed has no such attribute:
+    it reads with ``sasl_username`` None, and an authenticated one keeps its identity."""
+    rcpt = (RecipientSpec("r@x.test"),)
+    old = spool.commit(Envelope("s@x.test", rcpt, 1.0, client_addr="192.0.2.1"), b"x")
+    raw = spool.path("incoming", old).read_bytes()
+    assert b"sasl_username" not in raw
+    assert spool.open("incoming", old).sasl_username is None
+    new = spool.commit(Envelope("s@x.test", rcpt, 1.0, sasl_username="alice"), b"x")
+    assert spool.open("incoming", new).sasl_username == "alice"

@@ -23,6 +23,7 @@ HEAD = EnvelopeHead(
     client_addr="127.0.0.1",
     helo="c.test",
     warn_time=1_000_003_600,
+    sasl_username="alice",
 )
 RCPTS = (
     RecipientSpec("a@y.test", "rfc822;A@y.test", frozenset({"SUCCESS", "DELAY"})),
@@ -68,6 +69,7 @@ def _envelope() -> Envelope:
         HEAD.client_addr,
         HEAD.helo,
         HEAD.warn_time,
+        sasl_username=HEAD.sasl_username,
     )
 
 
