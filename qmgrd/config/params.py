@@ -790,6 +790,36 @@ _TABLE: tuple[Param, ...] = (
         "errors in a session before it is ended with 421 4.7.0 too many errors",
         minimum=1,
     ),
+    # --- intake regulation (regulator: qmgrd.listener.inflow, qmgrd.daemon.intakeflow) ---
+    Param(
+        "in_flow_delay",
+        _T,
+        "1s",
+        "time to pause before accepting a new message when the message arrival rate exceeds "
+        "the rate at which the queue manager takes mail in (0 = off)",
+        minimum=0,
+        maximum=10,
+    ),
+    Param(
+        "in_flow_backlog_limit",
+        _I,
+        "0",
+        "messages the queue manager holds (active plus waiting to be loaded) at which new "
+        "SMTP sessions and MAIL get 421 4.3.2 Service currently unavailable (0 = no limit, "
+        "as Postfix; 1000 suits a relay with a host of its own)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
+    Param(
+        "in_flow_lag_limit",
+        _I,
+        "0",
+        "event-loop lag in milliseconds (moving average over 0.1 s) above which new SMTP "
+        "sessions and MAIL get 421 4.3.2 Service currently unavailable, and that the learned "
+        "session cap steers to (0 = off, as Postfix; 50 suits a relay with a host of its own)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
     # --- spool, logging, process ---
     Param(
         "queue_directory",

@@ -43,6 +43,7 @@ from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.destgate import GateSettings, create_gate
 from qmgrd.daemon.engine import Engine
+from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
     Metrics,
@@ -58,6 +59,7 @@ from qmgrd.daemon.settings import (
     scheduler_params,
     transport_params_fn,
 )
+from qmgrd.daemon.workpool import WorkPool
 from qmgrd.delivery.agent import Agent
 from qmgrd.delivery.factory import create_agent
 from qmgrd.delivery.settings import SmtpSettings
@@ -178,6 +180,9 @@ class Daemon:
             queue_ages_fn=lambda: spool_oldest_ages(self.spool, self.clock.now()),
         )
         self.engine = create_engine(cfg, spool=self.spool, clock=self.clock, agents=agents)
+        self.workpool = WorkPool()  # regulator: the spool's blocking work (qmgrd.daemon.workpool)
+        self.engine.ctx.io.pool = self.workpool
+        self.intake = intake_regulator(cfg, self.engine, self.metrics, self.workpool)  # regulator
         self.engine.metrics = self.metrics
         self.metrics.status_fn = self.engine.snapshot
         self.cleanup = CleanupSettings.from_config(cfg)
@@ -206,6 +211,9 @@ class Daemon:
         """Start every part in order; with ``listen`` False, no SMTP listener (tests)."""
         self.spool.ensure_dirs()
         self.pickup.ensure_dir()
+        self._stack.callback(self.workpool.close)  # regulator: last to stop
+        self.intake.start()
+        self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
         self._stack.push_async_callback(self._close_gate)  # cluster: after the engine stops
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
@@ -244,6 +252,8 @@ class Daemon:
             observer=self.metrics.intake,
             gate=gate,
         )
+        self.listener.committer.pool = self.workpool  # regulator: fsync batches on the pool
+        self.listener.ctx.inflow = self.intake.gate
         self._stack.push_async_callback(self._close_listener)
         for settings in others:
             handle = await start_listener(
@@ -255,7 +265,10 @@ class Daemon:
                 observer=self.metrics.intake,
                 gate=gate,
             )
+            handle.ctx.inflow = self.intake.gate  # regulator
             self.services[settings.service] = handle
+        handles = [self.listener, *self.services.values()]  # regulator: the session cap's count
+        self.intake.sessions = lambda: sum(h.ctx.counters.total for h in handles)
 
     async def _started(self) -> None:
         """Wait for the engine's startup recovery (or its failure, which is then raised)."""
@@ -298,6 +311,7 @@ class Daemon:
         if new_cfg is None:
             return False
         self.cfg = new_cfg
+        self.intake.configure(FlowSettings.from_config(new_cfg))  # regulator
         self.cleanup = cleanup
         self.pickup.settings = cleanup
         if self.listener is not None and listeners is not None:

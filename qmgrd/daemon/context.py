@@ -95,6 +95,7 @@ class EngineContext:
     table: MessageTable = field(default_factory=MessageTable)
     stats: EngineStats = field(default_factory=EngineStats)
     metrics: DeliveryObserver | None = None
+    incoming_moved: Callable[[], None] = lambda: None  # regulator: in_flow_delay tokens
     retry_delay: float = RETRY_DELAY
     stopping: bool = False
     admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)

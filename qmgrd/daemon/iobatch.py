@@ -5,13 +5,20 @@ message with a move or an unlink. One ``asyncio.to_thread`` per job would cost a
 thread hop each; instead jobs submitted while a hop is under way are queued and
 run together in the next hop. Up to ``workers`` hops run at once, so one slow
 fsync does not hold up everything behind it.
+
+Hops run on a regulated ``WorkPool`` when one is given (``pool=``; the daemon
+shares one, see ``qmgrd.daemon.workpool``), else on asyncio's default executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # regulator: the pool is optional
+    from qmgrd.daemon.workpool import WorkPool
 
 T = TypeVar("T")
 
@@ -31,8 +38,11 @@ def _run_all(jobs: list[_Job]) -> list[tuple[bool, Any]]:
 class IoBatcher:
     """Batches blocking callables into worker-thread hops; results come back as futures."""
 
-    def __init__(self, *, workers: int = 4, max_batch: int = 256) -> None:
+    def __init__(
+        self, *, workers: int = 4, max_batch: int = 256, pool: WorkPool | None = None
+    ) -> None:
         """``workers`` hops may run concurrently; each takes at most ``max_batch`` jobs."""
+        self.pool = pool  # regulator: where hops run (None: asyncio's default executor)
         self._pending: list[_Job] = []
         self._workers = workers
         self._max_batch = max_batch
@@ -57,7 +67,10 @@ class IoBatcher:
             del self._pending[: self._max_batch]
             self.hops += 1
             self.jobs += len(batch)
-            results = await asyncio.to_thread(_run_all, batch)
+            if self.pool is not None:  # regulator
+                results = await self.pool.run(functools.partial(_run_all, batch))
+            else:
+                results = await asyncio.to_thread(_run_all, batch)
             for (_fn, future), (ok, value) in zip(batch, results, strict=True):
                 if future.done():
                     continue

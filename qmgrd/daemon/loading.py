@@ -235,6 +235,8 @@ class Loader:
             payload=msg,
         )
         ctx.stats.messages_loaded += 1
+        if src == "incoming":
+            ctx.incoming_moved()  # regulator: a token for the listeners (daemon.intakeflow)
         ctx.log.info(
             "queued",
             queue_id=queue_id,

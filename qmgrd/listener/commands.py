@@ -18,6 +18,7 @@ from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.auth import decode_plain
 from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
 from qmgrd.listener.flowgate import FlowFacts
+from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.protocol import AuthLine, Closed
 from qmgrd.spool.records import RecipientSpec
 from qmgrd.spool.writer import EnvelopeHead
@@ -106,6 +107,12 @@ async def mail(s: Session, arg: str) -> None:
         s.log.warning("NOQUEUE: reject", stage="MAIL", client=s.client, code=refused[:9],
                       reason=refused[10:], from_=f"<{path.address}>")
         s.reply(refused)
+        return
+    if not await s.ctx.inflow.admit_message():  # regulator: in_flow_delay, then capacity
+        s.log.warning("NOQUEUE: reject", stage="MAIL", client=s.client, code="421 4.3.2",
+                      reason="over capacity")  # fmt: skip
+        s.reply(OVERLOAD_REPLY)
+        s.end_session()
         return
     arrival = s.ctx.clock()  # Postfix's arrival time is MAIL's too
     warn = s.settings.delay_warning_time

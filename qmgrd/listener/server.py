@@ -46,6 +46,7 @@ from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
+from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -174,6 +175,12 @@ class ListenerHandle:
                 smtpd_session_limit=min(settings.session_limit, self._fd_cap),
             )
             _refuse(conn, "421 4.3.2 Service currently unavailable")
+            self.ctx.observer.rejected("limits")
+            return
+        if not self.ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
+            if count := self.ctx.inflow.note_refusals():
+                log.warning("over capacity: connections refused", client=client, count=count)
+            _refuse(conn, OVERLOAD_REPLY)
             self.ctx.observer.rejected("limits")
             return
         limit = settings.client_connection_limit

@@ -56,6 +56,7 @@ from qmgrd.listener.auth import PasswordChecker, auth_allowed
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
+from qmgrd.listener.inflow import OPEN_GATE, IntakeGate
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 from qmgrd.listener.protocol import (
@@ -93,6 +94,7 @@ class ListenerContext:
     passwords: PasswordChecker
     observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
     gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
+    inflow: IntakeGate = OPEN_GATE  # regulator: in_flow_delay, 421 4.3.2 (listener.inflow)
 
 
 @dataclass(slots=True, eq=False)

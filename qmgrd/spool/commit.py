@@ -17,18 +17,34 @@ filled while the message arrived (``commit_writer``; see
 callers that have one; it goes through ``Spool.commit_batch``).
 
 At most ``max_batch`` messages go in one batch, bounding the latency of the
-first message in it. The event loop never blocks on disk I/O.
+first message in it. The event loop never blocks on disk I/O. Batches run on
+the ``pool`` given (the daemon's regulated ``qmgrd.daemon.workpool.WorkPool``,
+which adds a thread while every worker is blocked in fsync), else on
+asyncio's default executor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
 from qmgrd.spool.writer import QueueFileWriter, commit_writers
+
+_T = TypeVar("_T")
+
+
+class BlockingRunner(Protocol):
+    """Where blocking work runs (``qmgrd.daemon.workpool.WorkPool`` satisfies it)."""
+
+    async def run(self, fn: Callable[[], _T], *, blocking: bool = True) -> _T:
+        """Run ``fn`` in a worker thread and return its result."""
+        ...
 
 
 @dataclass(slots=True, eq=False)
@@ -40,12 +56,15 @@ class _Request:
 class GroupCommitter:
     """Async front of the batch commits; one per daemon (it owns a flusher task)."""
 
-    __slots__ = ("_closed", "_flusher", "_pending", "max_batch", "spool")
+    __slots__ = ("_closed", "_flusher", "_pending", "max_batch", "pool", "spool")
 
-    def __init__(self, spool: Spool, *, max_batch: int = 64) -> None:
+    def __init__(
+        self, spool: Spool, *, max_batch: int = 64, pool: BlockingRunner | None = None
+    ) -> None:
         if max_batch < 1:
             raise InvariantError(f"max_batch {max_batch} < 1")
         self.spool = spool
+        self.pool = pool
         self.max_batch = max_batch
         self._pending: list[_Request] = []
         self._flusher: asyncio.Task[None] | None = None
@@ -83,7 +102,10 @@ class GroupCommitter:
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
                 try:
-                    results = await asyncio.to_thread(self._commit_batch, batch)
+                    if self.pool is not None:
+                        results = await self.pool.run(functools.partial(self._commit_batch, batch))
+                    else:
+                        results = await asyncio.to_thread(self._commit_batch, batch)
                 except Exception as exc:  # a bug or an unexpected error: fail the batch
                     failure = SpoolError(f"queue file write error: {exc}")
                     results = [failure for _ in batch]

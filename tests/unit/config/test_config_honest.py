@@ -167,7 +167,7 @@ def test_harmless_values_of_fatal_parameters_only_warn(tmp_path: Path, setting: 
         "biff = no",
         "mailbox_size_limit = 0",
         "readme_directory = no",
-        "in_flow_delay = 1s",
+        "berkeley_db_read_buffer_size = 131072",
         "notify_classes = resource, software, bounce",
         "qmgr_clog_warn_time = 300s",
     ],

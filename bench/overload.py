@@ -1,0 +1,437 @@
+"""Overload without collapse: the relay at 3x its capacity, measured from outside.
+
+    .venv/bin/python bench/overload.py                      # 15 s peak, then 60 s at 3x
+    .venv/bin/python bench/overload.py --peak 10 --duration 20 --factor 3
+    .venv/bin/python bench/overload.py --main-cf 'in_flow_lag_limit = 0' \
+        --main-cf 'in_flow_backlog_limit = 0'                            # regulation off
+
+qmgrd runs as ``python -m qmgrd run`` (a temporary spool, main.cf defaults
+plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
+1000``, off by default; then the ``--main-cf`` lines, a later line overriding
+an earlier one; ``metrics_listen`` on loopback) relaying to
+``bench/sinkproc.py``. The generator and the sink run at nice 10: they
+stand for other machines and should not take the relay's CPU on a small
+box. A load generator in its own process sends 1 KB
+messages with one recipient, a new SMTP session per message (smtp-source's
+shape), in two phases:
+
+1. peak: closed loop, ``--sessions`` sessions in parallel for ``--peak``
+   seconds; the relay's rate (recipients delivered per second, from its
+   ``qmgrd_deliveries_total{status="sent"}`` counter, the first quarter of
+   the phase left out as warm-up) is its capacity;
+2. overload: open loop, new sessions started at ``--factor`` x that rate for
+   ``--duration`` seconds whatever the relay does (at most ``--outstanding``
+   at once: beyond that a session is counted as ``capped``, not started).
+
+Printed: the peak rate; the delivered rate under overload and its ratio to
+the peak; the relay's event-loop lag p50/p99 at peak and during the overload (from its
+``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
+the relay's CPU use in both phases (share of a core, CPU ms per delivered
+message: tells a relay that got less CPU from one that wasted it); the
+control socket's round trip (a ``ping`` every 0.2 s during the
+overload: p50/p99/max); and the counts: sessions sent, accepted (250),
+refused with 421 4.3.2, other replies, timeouts, capped. After the
+overload the bench waits for the queue to drain and prints delivered vs
+accepted (nothing lost means equal). A benchmark prints; nothing is
+asserted. Everything binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
+from bench.procwatch import sample
+from qmgrd.daemon.control import control_socket_path
+from qmgrd.daemon.looplag import quantile
+from qmgrd.ops.client import call
+
+REPO = Path(__file__).resolve().parents[1]
+_BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
+_SESSION_TIMEOUT = 30.0
+REGULATED = ("in_flow_lag_limit = 50", "in_flow_backlog_limit = 1000")  # off by default
+NICE = 10  # niceness of the generator and sink processes
+
+
+# -- the load generator (its own process: --generate) --------------------------------------
+
+
+async def _reply(reader: asyncio.StreamReader) -> bytes:
+    while True:
+        line = await reader.readline()
+        if not line or line[3:4] != b"-":
+            return line
+
+
+async def _message(port: int, n: int) -> str:
+    """One session, one message: accepted, refused (421), other, or error."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        if (await _reply(reader)).startswith(b"421"):
+            return "refused"
+        steps = (
+            b"EHLO gen.bench",
+            f"MAIL FROM:<g{n}@gen.bench>".encode(),
+            b"RCPT TO:<r@sink.bench>",
+        )
+        for line in steps:
+            writer.write(line + b"\r\n")
+            reply = await _reply(reader)
+            if reply.startswith(b"421"):
+                return "refused"
+            if not reply.startswith(b"250"):
+                return "other"
+        writer.write(b"DATA\r\n")
+        if not (await _reply(reader)).startswith(b"354"):
+            return "other"
+        writer.write(_BODY)
+        reply = await _reply(reader)
+        writer.write(b"QUIT\r\n")
+        return "accepted" if reply.startswith(b"250") else "other"
+    finally:
+        writer.close()
+
+
+async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
+    try:
+        outcome = await asyncio.wait_for(_message(port, n), _SESSION_TIMEOUT)
+    except TimeoutError:
+        outcome = "timeout"
+    except OSError:
+        outcome = "error"
+    counts[outcome] = counts.get(outcome, 0) + 1
+
+
+async def generate(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
+    """closed: ``value`` sessions in parallel; open: ``value`` new sessions per second."""
+    counts: dict[str, int] = {"sent": 0}
+    end = time.monotonic() + duration
+    if mode == "closed":
+
+        async def worker(w: int) -> None:
+            n = w
+            while time.monotonic() < end:
+                counts["sent"] += 1
+                await _guarded(port, n, counts)
+                n += int(value)
+
+        await asyncio.gather(*(worker(w) for w in range(int(value))))
+        return counts
+    tasks: set[asyncio.Task[None]] = set()
+    start, n = time.monotonic(), 0
+    while time.monotonic() < end:
+        due = start + n / value
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        n += 1
+        if len(tasks) >= cap:
+            counts["capped"] = counts.get("capped", 0) + 1
+            continue
+        counts["sent"] += 1
+        task = asyncio.create_task(_guarded(port, n, counts))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    if tasks:
+        await asyncio.wait(tasks, timeout=_SESSION_TIMEOUT + 5)
+    return counts
+
+
+def _nice() -> None:
+    """The generator and the sink stand for other machines: they yield the CPU to the relay."""
+    os.nice(NICE)
+
+
+def run_generator(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
+    """Run the generator in a child process (so it does not share the bench's loop)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--generate",
+            mode,
+            str(value),
+            str(duration),
+            str(port),
+            str(cap),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=str(REPO),
+        preexec_fn=_nice,
+    )
+    counts: dict[str, int] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    return counts
+
+
+# -- reading the relay ------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+|\+Inf|NaN)$")
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The relay's /metrics as {name{labels}: value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def sent(metrics: dict[str, float]) -> float:
+    """Recipients delivered (status sent), every transport."""
+    return sum(
+        v
+        for k, v in metrics.items()
+        if k.startswith("qmgrd_deliveries_total{") and 'status="sent"' in k
+    )
+
+
+def lag_quantiles(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
+    """(p50, p99, samples) of the loop-lag histogram between two scrapes, interpolated."""
+    buckets: list[tuple[float, float]] = []
+    for key, value in after.items():
+        m = re.match(r'qmgrd_event_loop_lag_seconds_bucket\{le="([^"]+)"\}', key)
+        if m:
+            bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
+            buckets.append((bound, value - before.get(key, 0.0)))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+
+    def q(frac: float) -> float:
+        want, prev_bound, prev_count = frac * total, 0.0, 0.0
+        for bound, count in buckets:
+            if count >= want:
+                if bound == float("inf"):
+                    return prev_bound
+                span = count - prev_count
+                return prev_bound + (bound - prev_bound) * (
+                    (want - prev_count) / span if span else 1
+                )
+            prev_bound, prev_count = bound, count
+        return prev_bound
+
+    return q(0.5), q(0.99), int(total)
+
+
+class ControlProbe:
+    """Pings the control socket every ``interval`` seconds in a thread; keeps round trips."""
+
+    def __init__(self, sock: Path, interval: float = 0.2) -> None:
+        self.sock, self.interval = sock, interval
+        self.times: list[float] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            t0 = time.monotonic()
+            try:
+                call(self.sock, {"op": "ping"}, timeout=10)
+                self.times.append(time.monotonic() - t0)
+            except Exception:  # a failed probe is what we measure, not a crash
+                self.failures += 1
+
+    def __enter__(self) -> ControlProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def start_relay(
+    root: Path, port: int, sink: int, metrics: int, extra: Sequence[str]
+) -> subprocess.Popen[bytes]:
+    """``python -m qmgrd run`` relaying to the sink."""
+    conf = root / "etc"
+    conf.mkdir()
+    lines = [
+        f"queue_directory = {root / 'spool'}",
+        f"smtpd_listen = 127.0.0.1:{port}",
+        "myhostname = relay.bench",
+        "mynetworks = 127.0.0.0/8",
+        f"relayhost = [127.0.0.1]:{sink}",
+        f"maillog_file = {root / 'maillog'}",
+        f"metrics_listen = 127.0.0.1:{metrics}",
+        *extra,
+    ]
+    (conf / "main.cf").write_text("\n".join(lines) + "\n")
+    (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "qmgrd", "-c", str(conf), "run"],
+        cwd=str(REPO),
+        stdout=subprocess.DEVNULL,
+        stderr=(root / "stderr").open("wb"),
+    )
+    wait_port(port, 60, proc)
+    wait_port(metrics, 60, proc)
+    return proc
+
+
+def _ping(when: str, probe: ControlProbe) -> None:
+    times = probe.times
+    print(
+        f"control socket ping {when}: p50 {quantile(times, 0.5) * 1000:.1f} ms, p99 "
+        f"{quantile(times, 0.99) * 1000:.1f} ms, max {max(times, default=0) * 1000:.1f}"
+        f" ms ({len(times)} probes, {probe.failures} failed)"
+    )
+
+
+def relay_cpu(pid: int) -> float:
+    """The relay process's CPU seconds so far (its threads included)."""
+    got = sample(pid)
+    return got.cpu if got is not None else 0.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run both phases and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peak", type=float, default=15.0, help="seconds of the peak phase")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of overload")
+    parser.add_argument("--factor", type=float, default=3.0, help="offered load / peak rate")
+    parser.add_argument("--sessions", type=int, default=20, help="parallel sessions at peak")
+    parser.add_argument("--outstanding", type=int, default=2000, help="open sessions at most")
+    parser.add_argument(
+        "--main-cf", action="append", default=[], help="an extra main.cf line (after REGULATED)"
+    )
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="qmgrd-overload-") as tmp:
+        root = Path(tmp)
+        sinkproc = subprocess.Popen(
+            [sys.executable, str(REPO / "bench" / "sinkproc.py")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            preexec_fn=_nice,
+        )
+        assert sinkproc.stdout is not None and sinkproc.stdin is not None
+        sink = int(sinkproc.stdout.readline())
+        port, metrics_port = free_port(), free_port()
+        extra = [*REGULATED, *args.main_cf]
+        relay = start_relay(root, port, sink, metrics_port, extra)
+        try:
+            print(
+                f"main.cf extra: {extra}; load average {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            warm = args.peak / 4
+            m0 = scrape(metrics_port)
+            peak_thread = threading.Thread(
+                target=lambda: peak_counts.update(
+                    run_generator(port, "closed", args.sessions, args.peak, args.outstanding)
+                )
+            )
+            peak_counts: dict[str, int] = {}
+            peak_thread.start()
+            time.sleep(warm)
+            with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
+                t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                peak_thread.join()
+                t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+            peak = (sent(m2) - sent(m1)) / (t2 - t1)
+            q50, q99, n = lag_quantiles(m1, m2)
+            print(
+                f"relay CPU at peak: {(c2 - c1) / (t2 - t1):.0%} of a core, "
+                f"{(c2 - c1) * 1000 / max(1.0, sent(m2) - sent(m1)):.2f} ms per delivered message"
+            )
+            print(
+                f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
+                f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
+            )
+            print(
+                f"event-loop lag at peak: p50 {q50 * 1000:.1f} ms, "
+                f"p99 {q99 * 1000:.1f} ms ({n} samples)"
+            )
+            _ping("at peak", peak_probe)
+            rate = args.factor * peak
+            print(
+                f"overload: offering {rate:.0f} sessions/s ({args.factor:g}x) for "
+                f"{args.duration:g} s",
+                flush=True,
+            )
+            over_counts: dict[str, int] = {}
+            with ControlProbe(control_socket_path(root / "spool")) as probe:
+                gen = threading.Thread(
+                    target=lambda: over_counts.update(
+                        run_generator(port, "open", rate, args.duration, args.outstanding)
+                    )
+                )
+                t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                gen.start()
+                time.sleep(args.duration)
+                t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                gen.join()
+            under = (sent(m4) - sent(m3)) / (t4 - t3)
+            print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
+            p50, p99, samples = lag_quantiles(m3, m4)
+            print(
+                f"relay CPU under overload: {(c4 - c3) / (t4 - t3):.0%} of a core, "
+                f"{(c4 - c3) * 1000 / max(1.0, sent(m4) - sent(m3)):.2f} ms per delivered message"
+            )
+            print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
+            print(
+                f"event-loop lag during overload: p50 {p50 * 1000:.1f} ms, p99 "
+                f"{p99 * 1000:.1f} ms ({samples} samples)"
+            )
+            _ping("under overload", probe)
+            print(
+                f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "
+                f"{over_counts.get('accepted', 0)}, 421 {over_counts.get('refused', 0)}, other "
+                f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
+                f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}"
+            )
+            accepted = peak_counts.get("accepted", 0) + over_counts.get("accepted", 0)
+            deadline = time.monotonic() + 300
+            while sent(scrape(metrics_port)) - sent(m0) < accepted and time.monotonic() < deadline:
+                time.sleep(0.5)
+            delivered = sent(scrape(metrics_port)) - sent(m0)
+            print(
+                f"after draining: accepted {accepted}, delivered {delivered:.0f} "
+                f"({'nothing lost' if delivered == accepted else 'MISMATCH'}), drained in "
+                f"{time.monotonic() - t4:.1f} s after the overload"
+            )
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            try:
+                relay.wait(60)
+            except subprocess.TimeoutExpired:
+                relay.kill()
+            sinkproc.stdin.close()
+            sinkproc.wait(30)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--generate":
+        mode, value, duration, port, cap = sys.argv[2:7]
+        try:
+            import uvloop
+
+            result = uvloop.run(generate(int(port), mode, float(value), float(duration), int(cap)))
+        except ImportError:
+            result = asyncio.run(generate(int(port), mode, float(value), float(duration), int(cap)))
+        print(json.dumps(result), flush=True)
+        sys.exit(0)
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Event-loop lag: how late the loop runs a callback that was due, sampled continuously.
+
+Contract
+--------
+``LoopLag(interval).start()`` schedules a callback every ``interval``
+seconds (a ``call_later`` chain on the running loop); each time it runs, the
+difference between when it ran and when it was due is one sample. The lag
+is what every other callback on the loop waits too: an SMTP reply, a
+delivery's next step, the control socket's answer.
+
+- ``now()``: the lag the loop has at this moment: the samples' moving
+  average (time constant ``SMOOTHING``, so one garbage-collection pause does
+  not count as overload), or, if the next sample is overdue, how overdue it
+  is (a loop stuck in one long callback reads as lagging at once);
+- ``samples``: the most recent samples (bounded) for quantiles; a stall
+  that delayed one sample by L also records the L/interval samples it hid
+  (each as late as it would have been), so quantiles weigh time, not ticks
+  (no coordinated omission);
+- ``histogram``: ``qmgrd_event_loop_lag_seconds`` in the registry given
+  (the daemon's metrics), every sample observed.
+
+``stop()`` ends the chain. The clock is injected (``time.monotonic``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Histogram
+
+__all__ = ["LAG_BUCKETS", "SMOOTHING", "LoopLag", "quantile"]
+
+LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
+_KEEP = 12000  # samples kept for quantiles (two minutes at the default interval)
+SMOOTHING = 0.1  # seconds: time constant of the moving average now() reports
+_MAX_BACKFILL = 1000  # samples recorded for the ticks one stall hid, at most
+
+
+def quantile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``samples`` by the nearest-rank method; 0.0 when empty."""
+    if not samples:
+        return 0.0
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))
+    return ordered[index]
+
+
+class LoopLag:
+    """Samples the running loop's lag (see the module doc)."""
+
+    __slots__ = (
+        "_alpha",
+        "_clock",
+        "_due",
+        "_handle",
+        "_loop",
+        "average",
+        "histogram",
+        "interval",
+        "last",
+        "samples",
+    )
+
+    def __init__(
+        self,
+        interval: float = 0.01,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Sample every ``interval`` seconds; export the histogram in ``registry`` if given."""
+        self.interval = interval
+        self._clock = clock
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._due = 0.0
+        self.last = 0.0
+        self.average = 0.0  # exponential moving average of the samples
+        self._alpha = 1.0 - math.exp(-interval / SMOOTHING)
+        self.samples: deque[float] = deque(maxlen=_KEEP)
+        self.histogram = (
+            Histogram(
+                "qmgrd_event_loop_lag_seconds",
+                "How late the event loop ran a callback that was due (sampled every "
+                f"{interval * 1000:g} ms): the wait every reply and delivery step sees.",
+                buckets=LAG_BUCKETS,
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+
+    def start(self) -> None:
+        """Begin sampling on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._schedule()
+
+    def _schedule(self) -> None:
+        assert self._loop is not None
+        self._due = self._clock() + self.interval
+        self._handle = self._loop.call_later(self.interval, self._tick)
+
+    def _tick(self) -> None:
+        lag = max(0.0, self._clock() - self._due)
+        self.observe(lag)
+        # A stall of L seconds delays one sample by L but hides the L/interval samples
+        # that would have been taken meanwhile (coordinated omission): record them
+        # too, each as late as it would have been, so quantiles weigh time, not ticks.
+        missed = lag - self.interval
+        for _ in range(_MAX_BACKFILL):
+            if missed <= 0:
+                break
+            self.observe(missed)
+            missed -= self.interval
+        self._schedule()
+
+    def observe(self, lag: float) -> None:
+        """Record one sample (the timer's; tests feed their own)."""
+        self.last = lag
+        self.average += (lag - self.average) * self._alpha
+        self.samples.append(lag)
+        if self.histogram is not None:
+            self.histogram.observe(lag)
+
+    def clock(self) -> float:
+        """The clock the samples are taken with."""
+        return self._clock()
+
+    def now(self) -> float:
+        """The lag at this moment (the moving average, or how overdue the next sample is)."""
+        if self._handle is None:
+            return self.average
+        return max(self.average, self._clock() - self._due)
+
+    def stop(self) -> None:
+        """End sampling."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
