@@ -15,27 +15,16 @@ Contract
 from __future__ import annotations
 
 import enum
+import re
 
-_BLANKS = b" \t"
+# A field name (bytes 33-126 but ':'), then optional blanks, then ':' (is_header_buf).
+_HEADER_NAME = re.compile(rb"[!-9;-~]+(?=[ \t]*:)")
 
 
 def header_name_length(line: bytes) -> int:
     """The field name's length if ``line`` starts a header, else 0 (Postfix's is_header)."""
-    n = 0
-    end = len(line)
-    while n < end:
-        c = line[n]
-        if c == 0x3A:  # ':'
-            return n if n > 0 else 0
-        if c in _BLANKS and n > 0:
-            rest = n
-            while rest < end and line[rest] in _BLANKS:
-                rest += 1
-            return n if rest < end and line[rest] == 0x3A else 0
-        if c < 33 or c > 126:
-            return 0
-        n += 1
-    return 0
+    found = _HEADER_NAME.match(line)
+    return found.end() if found is not None else 0
 
 
 class HeaderClass(enum.Enum):

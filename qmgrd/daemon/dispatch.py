@@ -104,7 +104,9 @@ class Dispatcher:
             nexthop=entry.nexthop,
             sender=qf.sender,
             recipients=recipients,
-            content=QueueFileContent(msg.path, qf.content_offset, qf.content_size),
+            content=QueueFileContent(
+                msg.path, qf.content_offset, qf.content_size, run=ctx.io.submit
+            ),
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",
             envid=qf.envid,

@@ -243,6 +243,9 @@ class Transaction:
         # smtp_generic_maps / smtp_header_checks: one bounded pass over the header section
         headers = s.outbound.filter(req.queue_id) if s.outbound.active else None
         stage = "sending message body"
+        # The last encoded chunk is held back and sent with the end of data: a message
+        # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
+        held = b""
         try:
             iterator = aiter(req.content.chunks())
             while True:
@@ -254,11 +257,13 @@ class Transaction:
                     raise ContentError(str(exc)) from exc
                 data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
                 if data:
-                    protocol.write(data)
-                    # Flow control: wait while the transport buffer is over its high mark.
-                    await asyncio.wait_for(protocol._drain_helper(), s.data_xfer_timeout)
+                    if held:
+                        protocol.write(held)
+                        # Flow control: wait while the transport buffer is over its high mark.
+                        await asyncio.wait_for(protocol._drain_helper(), s.data_xfer_timeout)
+                    held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
-            protocol.write(tail + encoder.finish())
+            protocol.write(held + tail + encoder.finish())
             stage = "sending end of data -- message may be sent more than once"
             return await protocol.read_response(timeout=s.data_done_timeout)
         except (TimeoutError, aiosmtplib.SMTPTimeoutError):

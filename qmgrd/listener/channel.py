@@ -37,6 +37,7 @@ class Channel(asyncio.Protocol):
         self._paused = False  # we paused the transport's reading
         self._write_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
+        self._expired = False  # the current read's timer fired
         self._drain_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -89,14 +90,26 @@ class Channel(asyncio.Protocol):
             return default
         return self.transport.get_extra_info(name, default)
 
-    async def read(self, n: int) -> bytes:
-        """At most ``n`` bytes that arrived, waiting for some; ``b""`` at the end of the stream."""
-        while not self._buf and not self._eof:
-            self._read_waiter = asyncio.get_running_loop().create_future()
+    async def read(self, n: int, timeout: float | None = None) -> bytes:
+        """At most ``n`` bytes that arrived, waiting for some; ``b""`` at the end of the stream.
+
+        TimeoutError when nothing arrived within ``timeout`` seconds. The timer is
+        only armed when the read has to wait (a pipelined command costs none).
+        """
+        if not self._buf and not self._eof:
+            loop = asyncio.get_running_loop()
+            self._expired = False
+            timer = loop.call_later(timeout, self._expire) if timeout is not None else None
             try:
-                await self._read_waiter
+                while not self._buf and not self._eof:
+                    if self._expired:
+                        raise TimeoutError
+                    self._read_waiter = loop.create_future()
+                    await self._read_waiter
             finally:
                 self._read_waiter = None
+                if timer is not None:
+                    timer.cancel()
         if not self._buf and self._lost is not None:
             raise ConnectionResetError(str(self._lost))
         data = bytes(self._buf[:n])
@@ -155,6 +168,13 @@ class Channel(asyncio.Protocol):
         fresh.connection_made(tls_transport)
         self.transport = None  # owned by the TLS transport from now on
         return fresh
+
+    def _expire(self) -> None:
+        """The read timer: fail the waiting read."""
+        self._expired = True
+        waiter = self._read_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(TimeoutError())
 
     def _wake_reader(self) -> None:
         waiter = self._read_waiter

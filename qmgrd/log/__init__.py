@@ -17,11 +17,18 @@ program identifier ``<syslog_name>/<component>`` (``qmgrd/smtpd``,
 ``qmgrd/qmgr``, ``qmgrd/smtp``, ...; ``syslog_name`` defaults to ``qmgrd``)
 wherever the destination has room for it:
 
-- ``maillog_file``: lines are appended to that file, line-buffered, each with
-  the syslog prefix ``Mon DD HH:MM:SS host qmgrd/<component>[pid]: `` (local
-  time, as syslog and Postfix's ``postlogd`` write it). ``/dev/stdout`` is a
-  valid file name (Postfix's container convention). JSON lines are never
-  prefixed: each line stays one JSON object.
+- ``maillog_file``: lines are appended to that file, each with the syslog
+  prefix ``Mon DD HH:MM:SS host qmgrd/<component>[pid]: `` (local time, as
+  syslog and Postfix's ``postlogd`` write it). ``/dev/stdout`` is a valid file
+  name (Postfix's container convention). JSON lines are never prefixed: each
+  line stays one JSON object. Lines logged on a running event loop are written
+  together at the loop's next pass (``call_soon``), in order, with one write:
+  a busy daemon logs several lines per pass, and every write on the loop
+  thread is a system call that hands the interpreter lock to a waiting worker
+  thread. A line logged off the loop (a worker thread, start-up) is written at
+  once, after any lines still queued; ``reopen`` and ``close`` write what is
+  queued first. Only a SIGKILL in the middle of a pass can lose that pass's
+  lines.
 - no ``maillog_file``: :func:`qmgrd.log.sinks.choose_destination` picks the
   systemd journal (native protocol, ``SYSLOG_IDENTIFIER=qmgrd/<component>``)
   when standard output is the journal, the syslog socket ``/dev/log`` when
@@ -36,12 +43,14 @@ log rotation; the daemon calls it on SIGHUP.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, Literal, TextIO
@@ -49,7 +58,14 @@ from typing import Any, Literal, TextIO
 import structlog
 
 from qmgrd.errors import ConfigError
-from qmgrd.log.render import escape, postfix_message, render_json, render_postfix, syslog_prefix
+from qmgrd.log.render import (
+    escape,
+    postfix_message,
+    render_json,
+    render_postfix,
+    syslog_prefix,
+    syslog_timestamp,
+)
 from qmgrd.log.sinks import (
     JOURNAL_SOCKET,
     SYSLOG_SOCKET,
@@ -75,6 +91,9 @@ __all__ = [
 ]
 
 LogFormat = Literal["postfix", "json"]
+
+# structlog's add_log_level names: the method ``warn`` logs at warning, ``exception`` at error.
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}
 
 def syslog_name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a syslog program name, or None if it can.
@@ -141,6 +160,17 @@ class LogOutput:
         self._lock = threading.Lock()
         self._file: TextIO | None = None
         self._sink: JournalSink | SyslogSink | None = None
+        self._pending: list[str] = []  # maillog_file lines not written yet
+        self._flush_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due
+        # A fork (a worker process) writes the queued lines first, so that the child
+        # does not inherit and write them again; the child starts with no flush due.
+        ref = weakref.ref(self)
+        os.register_at_fork(
+            before=lambda: _call(ref, LogOutput.flush_pending),
+            after_in_child=lambda: _call(ref, LogOutput._forked),
+        )
+        self._stamp_second = -1  # the second ``_stamp`` was rendered for
+        self._stamp = ""
         if self.path is not None:
             destination = "stream"
             try:
@@ -182,6 +212,10 @@ class LogOutput:
     ) -> str | tuple[tuple[str], dict[str, Any]]:
         """The final structlog processor: the line (prefixed in a file), or the message and
         the journal/syslog fields when a socket is the destination."""
+        # structlog's add_log_level and format_exc_info, inlined: this runs for every line.
+        event_dict["level"] = _LEVEL_NAMES.get(method, method)
+        if "exc_info" in event_dict:
+            event_dict = structlog.processors.format_exc_info(_logger, method, event_dict)
         now = self.clock()
         text = (
             render_json(event_dict, now)
@@ -199,14 +233,12 @@ class LogOutput:
             return (text,), meta
         if self.path is None or self.log_format == "json":
             return text
-        prefix = syslog_prefix(
-            now,
-            self.hostname,
-            self.program,
-            escape(component) if component else None,
-            os.getpid(),
-        )
-        return prefix + text
+        second = int(now)
+        if second != self._stamp_second:  # the time stamp changes once a second
+            self._stamp_second = second
+            self._stamp = syslog_timestamp(now)
+        name = f"{self.program}/{escape(component)}" if component else self.program
+        return f"{self._stamp} {self.hostname} {name}[{os.getpid()}]: {text}"
 
     def __call__(self, *_args: Any) -> LogOutput:
         """structlog's logger factory: every logger writes through this output."""
@@ -234,13 +266,64 @@ class LogOutput:
                     return
                 except OSError:
                     pass  # journald restarting, syslog gone: the line goes to stdout
-            out = self._file if self._file is not None else (self._stream or sys.stdout)
+            if self._file is not None:
+                self._file_line(message)
+                return
+            out = self._stream or sys.stdout
             try:
                 out.write(message + "\n")
                 out.flush()
             except (OSError, ValueError):
                 # A full disk or a closed stream must not take mail delivery down.
                 pass
+
+    def _file_line(self, message: str) -> None:
+        """Queue a line for ``maillog_file`` (lock held); see the module doc on batching."""
+        self._pending.append(message)
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if self._flush_loop is not None and self._flush_loop.is_closed():
+            self._flush_loop = None  # its flush never ran: write what waits now
+        if loop is not None:
+            if self._flush_loop is loop:
+                return  # this loop's flush is already due
+            if self._flush_loop is None:
+                self._flush_loop = loop
+                loop.call_soon(self._flush)
+                return
+        self._write_pending()  # not on a loop: at once, after the lines queued before
+
+    def _flush(self) -> None:
+        """The loop's flush: every line queued since the last one, in one write."""
+        with self._lock:
+            self._flush_loop = None
+            self._write_pending()
+
+    def flush_pending(self) -> None:
+        """Write the queued maillog_file lines now (before a fork)."""
+        with self._lock:
+            self._write_pending()
+
+    def _forked(self) -> None:
+        """In a forked child: a fresh lock, nothing queued, no flush due on the parent's loop."""
+        self._lock = threading.Lock()
+        self._pending.clear()
+        self._flush_loop = None
+
+    def _write_pending(self) -> None:
+        """Write the queued lines to the file (lock held)."""
+        if not self._pending or self._file is None:
+            return
+        text = "\n".join(self._pending) + "\n"
+        self._pending.clear()
+        try:
+            self._file.write(text)
+            self._file.flush()
+        except (OSError, ValueError):
+            # A full disk or a closed file must not take mail delivery down.
+            pass
 
     log = debug = info = warn = warning = msg
     fatal = failure = err = error = critical = exception = msg
@@ -263,6 +346,7 @@ class LogOutput:
             )
             return False
         with self._lock:
+            self._write_pending()  # lines logged before the rotation go to the old file
             old, self._file = self._file, new
         if old is not None:
             old.close()
@@ -271,12 +355,19 @@ class LogOutput:
     def close(self) -> None:
         """Close the file or socket (lines written afterwards go to the stream)."""
         with self._lock:
+            self._write_pending()
             old, self._file = self._file, None
             sink, self._sink = self._sink, None
         if old is not None:
             old.close()
         if sink is not None:
             sink.close()
+
+
+def _call(ref: weakref.ReferenceType[LogOutput], method: Callable[[LogOutput], None]) -> None:
+    output = ref()
+    if output is not None:
+        method(output)
 
 
 def configure_logging(
@@ -313,12 +404,9 @@ def configure_logging(
         syslog_socket=syslog_socket,
     )
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
-            output.render,
-        ],
+        # One processor: ``render`` adds the level and formats exc_info itself (every line
+        # pays for each processor in the chain). No component binds context variables.
+        processors=[output.render],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=output,
         cache_logger_on_first_use=False,

@@ -75,6 +75,7 @@ __all__ = [
     "render_json",
     "render_postfix",
     "syslog_prefix",
+    "syslog_timestamp",
 ]
 
 _SKIP_KEYS = frozenset({"event", "queue_id", "level", "timestamp", "component", "reply", "logger"})
@@ -323,11 +324,16 @@ def syslog_prefix(
     Month names are English whatever the locale (log tools parse them); the
     day is space-padded like syslog's ``%e``.
     """
-    tm = time.localtime(timestamp)
     name = f"{program}/{component}" if component else program
+    return f"{syslog_timestamp(timestamp)} {hostname} {name}[{pid}]: "
+
+
+def syslog_timestamp(timestamp: float) -> str:
+    """``Mon DD HH:MM:SS`` in local time (the start of ``syslog_prefix``)."""
+    tm = time.localtime(timestamp)
     return (
         f"{_MONTHS[tm.tm_mon - 1]} {tm.tm_mday:2d} "
-        f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d} {hostname} {name}[{pid}]: "
+        f"{tm.tm_hour:02d}:{tm.tm_min:02d}:{tm.tm_sec:02d}"
     )
 
 

@@ -3,19 +3,26 @@
 The content is stored raw (as received, after SMTP dot-unstuffing), so an
 agent streams ``size`` bytes from ``offset`` and must do its own dot-stuffing.
 Reads happen in a worker thread, one chunk per hop, so a 100 MB message never
-blocks the event loop nor sits in memory whole.
+blocks the event loop nor sits in memory whole. ``run`` (optional) is how the
+first read (open + first chunk, all of a small message) gets to a thread: the
+daemon passes its ``IoBatcher.submit`` so that read shares a hop with other
+spool work instead of costing one of its own; without it, ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool.records import QueueFile, QueueFileIOError, open_regular
+
+Runner = Callable[[Callable[[], Any]], Awaitable[Any]]  # runs a blocking callable off the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +32,7 @@ class QueueFileContent:
     path: Path
     offset: int
     size: int
+    run: Runner | None = field(default=None, compare=False)  # the first read's thread hop
 
     @classmethod
     def of(cls, qf: QueueFile) -> QueueFileContent:
@@ -37,10 +45,13 @@ class QueueFileContent:
         chunk, so a delivery costs a single hop for its content).
         """
         end = self.offset + self.size
+        want = min(chunk_size, self.size)
+        first = partial(_open_and_read, self.path, want, self.offset, want == self.size)
         try:
-            fd, data = await asyncio.to_thread(
-                _open_and_read, self.path, min(chunk_size, self.size), self.offset
-            )
+            if self.run is not None:
+                fd, data = await self.run(first)
+            else:
+                fd, data = await asyncio.to_thread(first)
         except OSError as exc:
             raise QueueFileIOError(f"{self.path}: cannot read content: {exc.strerror}") from exc
         try:
@@ -55,7 +66,8 @@ class QueueFileContent:
                     return
                 data = await asyncio.to_thread(os.pread, fd, min(chunk_size, end - pos), pos)
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
 
     def read(self) -> bytes:
         """The whole content, synchronously (bounces, tests)."""
@@ -70,13 +82,19 @@ class QueueFileContent:
         return data
 
 
-def _open_and_read(path: Path, want: int, offset: int) -> tuple[int, bytes]:
+def _open_and_read(path: Path, want: int, offset: int, whole: bool) -> tuple[int, bytes]:
+    """Open and read the first chunk; with ``whole`` (it is all the content) and a full
+    read, the descriptor is closed here too (fd -1): no system call left for the loop."""
     fd = open_regular(path, os.O_RDONLY)
     try:
-        return fd, os.pread(fd, want, offset) if want > 0 else b""
+        data = os.pread(fd, want, offset) if want > 0 else b""
     except BaseException:
         os.close(fd)
         raise
+    if whole and len(data) == want:
+        os.close(fd)
+        return -1, data
+    return fd, data
 
 
 def read_content(path: Path) -> bytes:

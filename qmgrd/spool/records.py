@@ -47,9 +47,11 @@ raises its subclass ``QueueFileIOError``: the file may be fine, retry later.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -115,6 +117,32 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
         os.close(fd)
         raise SpoolError(f"{path}: not a regular file")
     return fd
+
+
+@contextmanager
+def _reader(path: Path) -> Iterator[tuple[BinaryIO, int]]:
+    """The queue file opened for reading, and its size.
+
+    A file of at most one read chunk (most mail) is read whole by one
+    ``pread`` (a short read is the end of the file) and closed at once:
+    open, fstat, pread, close, where a buffered file object adds an fstat for
+    the size, another in its constructor, an isatty probe and seeks. Every
+    system call in a worker thread gives the interpreter lock away and takes
+    it back, so fewer calls are fewer thread switches. A larger file is read
+    through a buffered file object (memory stays bounded by the chunk).
+    """
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, _READ_CHUNK + 1, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    if len(data) <= _READ_CHUNK:
+        os.close(fd)
+        yield io.BytesIO(data), len(data)
+        return
+    with os.fdopen(fd, "rb") as f:
+        yield f, os.fstat(fd).st_size
 
 
 def _enc(text: str) -> bytes:
@@ -390,9 +418,8 @@ class QueueFile:
     def open(cls, path: Path) -> QueueFile:
         """Parse the envelope; raises SpoolError naming the reason if the file is unusable."""
         try:
-            fd = open_regular(path, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as f:
-                return cls._parse(f, path, os.fstat(f.fileno()).st_size)
+            with _reader(path) as (f, size):
+                return cls._parse(f, path, size)
         except OSError as exc:
             raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
@@ -504,8 +531,8 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
         raise InvariantError(f"read_recipients offset {offset} is not a recipient offset")
     out: list[RecipientRecord] = []
     try:
-        with os.fdopen(open_regular(path, os.O_RDONLY), "rb") as f:
-            stream = _Stream(f, offset, path, os.fstat(f.fileno()).st_size)
+        with _reader(path) as (f, size):
+            stream = _Stream(f, offset, path, size)
             while True:
                 rec_offset, rtype, length = stream.header()
                 if rtype == REC_RCPT:

@@ -5,6 +5,7 @@ These tests assert on rendered text on purpose: the rendering is the subject und
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -349,3 +350,69 @@ def test_pflogsumm_reads_the_maillog(tmp_path: Path) -> None:
                              proc.stdout, re.MULTILINE)
     }  # fmt: skip
     assert totals == {"received": 2, "delivered": 1, "deferred": 1, "bounced": 1, "rejected": 1}
+
+
+async def test_lines_logged_on_the_loop_are_written_together_at_the_next_pass(
+    tmp_path: Path,
+) -> None:
+    """maillog_file lines logged on the loop wait for the loop's next pass, then land in
+    order; a line logged off the loop is written at once, after them."""
+    path = tmp_path / "maillog"
+    output = configure_logging("postfix", maillog_file=path, hostname="mx1", clock=lambda: T0)
+    log = get_logger("qmgr")
+    log.info("removed", queue_id="A1")
+    log.info("removed", queue_id="A2")
+    assert path.read_text() == ""  # queued: one write at the next pass
+    await asyncio.sleep(0)
+    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()] == [
+        "A1: removed",
+        "A2: removed",
+    ]
+    log.info("removed", queue_id="A3")
+    await asyncio.to_thread(log.info, "removed", queue_id="B1")  # a worker thread
+    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()][2:] == [
+        "A3: removed",
+        "B1: removed",
+    ]
+    log.info("removed", queue_id="A4")
+    output.close()  # writes what is queued
+    assert path.read_text().splitlines()[-1].endswith("A4: removed")
+
+
+def test_lines_queued_on_a_closed_loop_are_written_by_the_next_line(tmp_path: Path) -> None:
+    """A loop that closed before its flush ran does not hold lines back."""
+    path = tmp_path / "maillog"
+    configure_logging("postfix", maillog_file=path, hostname="mx1", clock=lambda: T0)
+    log = get_logger("qmgr")
+    loop = asyncio.new_event_loop()
+    loop.call_soon(lambda: log.info("removed", queue_id="C1"))
+    loop.call_soon(loop.stop)  # the loop stops before the pass that would flush
+    loop.run_forever()
+    loop.close()
+    assert path.read_text() == ""
+    log.info("removed", queue_id="C2")
+    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()] == [
+        "C1: removed",
+        "C2: removed",
+    ]
+
+
+async def test_a_fork_writes_queued_lines_once(tmp_path: Path) -> None:
+    """Lines queued when a worker process is forked are written by the parent before the
+    fork, never again by the child."""
+    path = tmp_path / "maillog"
+    configure_logging("postfix", maillog_file=path, hostname="mx1", clock=lambda: T0)
+    log = get_logger("qmgr")
+    log.info("removed", queue_id="F1")  # queued for the loop's next pass
+    pid = os.fork()
+    if pid == 0:  # the child: off its parent's loop, a line is written at once
+        try:
+            log.info("removed", queue_id="F2")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    await asyncio.sleep(0)
+    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()] == [
+        "F1: removed",
+        "F2: removed",
+    ]

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from types import SimpleNamespace
 
+import pytest
+from aiosmtplib import SMTPResponse
 from aiosmtplib.protocol import normalize_message_line_endings
 from hypothesis import given
 from hypothesis import strategies as st
 
+from qmgrd.delivery.agent import DeliveryRequest, Recipient
 from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
+from qmgrd.delivery.mx import Endpoint
+from qmgrd.delivery.session import Session
+from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.delivery.transaction import Transaction
 
 _PERIOD = re.compile(rb"(?m)^\.")
 
@@ -66,3 +76,61 @@ async def test_bytes_content_chunks() -> None:
     content = BytesContent(b"abcdefg")
     assert content.size == 7
     assert [c async for c in content.chunks(3)] == [b"abc", b"def", b"g"]
+
+
+class _Protocol:
+    """Records what the transaction writes; answers the final reply with 250."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    async def _drain_helper(self) -> None:
+        return None
+
+    async def read_response(self, timeout: float | None = None) -> SMTPResponse:
+        return SMTPResponse(250, "2.0.0 Ok")
+
+
+def _session(protocol: _Protocol) -> Session:
+    smtp = SimpleNamespace(protocol=protocol)
+    return Session(smtp, Endpoint("mx", "127.0.0.1", 25), "mx", False, 0.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
+    """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
+    content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
+    size = len(content) // chunks + 1
+    protocol = _Protocol()
+    request = DeliveryRequest(
+        queue_id="Q1",
+        transport="smtp",
+        nexthop="mx",
+        sender="s@x",
+        recipients=(Recipient("r@x", offset=0),),
+        content=_Chunked(content, size),
+    )
+    reply = await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+    assert reply.code == 250
+    assert len(protocol.writes) == chunks
+    assert protocol.writes[-1].endswith(b"\r\n.\r\n")
+    assert b"".join(protocol.writes) == encode_data(content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunked:
+    """In-memory content served in chunks of ``size`` whatever the caller asks."""
+
+    data: bytes
+    step: int
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        for start in range(0, len(self.data), self.step):
+            yield self.data[start : start + self.step]

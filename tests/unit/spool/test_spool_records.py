@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import (
     WARNED,
@@ -166,6 +168,23 @@ async def test_content_streams_in_chunks(spool: Spool) -> None:
     assert source.size == len(content)
     assert b"".join(chunks) == content
     assert max(len(c) for c in chunks) == 10_000
+
+
+async def test_content_first_read_goes_through_the_given_runner(spool: Spool) -> None:
+    """With ``run`` (the daemon's IoBatcher.submit) the open and first chunk take that hop;
+    the later chunks and the bytes are unchanged."""
+    content = bytes(range(256)) * 100
+    env = Envelope("s@x", (RecipientSpec("a@x"),), 1.0)
+    qf = spool.open("incoming", spool.commit(env, content))
+    batcher = IoBatcher()
+    source = QueueFileContent(qf.path, qf.content_offset, qf.content_size, run=batcher.submit)
+    fds = len(os.listdir("/proc/self/fd"))
+    chunks = [c async for c in source.chunks(10_000)]
+    assert b"".join(chunks) == content
+    assert (batcher.hops, batcher.jobs) == (1, 1)
+    whole = [c async for c in source.chunks()]  # one chunk: closed in the worker already
+    assert whole == [content]
+    assert len(os.listdir("/proc/self/fd")) == fds  # no descriptor left open either way
 
 
 def test_envelope_validation() -> None:

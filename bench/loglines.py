@@ -1,0 +1,96 @@
+"""Logging cost per message: the seven lines one relayed message writes, to a maillog_file.
+
+Prints microseconds of CPU (``time.process_time``) per line and per message
+for the lines the standard benchmark's messages produce (smtpd connect,
+cleanup message-id, smtpd queued, smtpd disconnect, qmgr queued, smtp
+status=sent, qmgr removed), rendered in the Postfix format with the syslog
+prefix and written line by line to a temporary file, as the daemon does.
+Never asserts anything.
+
+    .venv/bin/python bench/loglines.py            # 20000 messages
+    .venv/bin/python bench/loglines.py -n 50000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from qmgrd.log import configure_logging, get_logger  # noqa: E402
+from qmgrd.log.session import CommandCounts  # noqa: E402
+
+LINES_PER_MESSAGE = 7
+
+
+def one_message(smtpd: object, cleanup: object, qmgr: object, smtp: object, n: int) -> None:
+    """The lines of message number ``n`` (fields as the daemon passes them)."""
+    queue_id = f"4F{n:010X}"
+    client = "unknown[127.0.0.1]"
+    counts = CommandCounts()
+    for verb in ("EHLO", "MAIL", "RCPT", "DATA", "QUIT"):
+        counts.record(verb, ok=True)
+    smtpd.info("connect", client=client)  # type: ignore[attr-defined]
+    cleanup.info(  # type: ignore[attr-defined]
+        "message-id", queue_id=queue_id, message_id=f"<{queue_id}@relay.bench>"
+    )
+    smtpd.info(  # type: ignore[attr-defined]
+        "queued",
+        queue_id=queue_id,
+        client=client,
+        from_="<a@src.bench>",
+        size=1078,
+        nrcpt=1,
+        sasl_method=None,
+        sasl_username=None,
+    )
+    smtpd.info("disconnect", client=client, commands=counts.as_field())  # type: ignore[attr-defined]
+    qmgr.info(  # type: ignore[attr-defined]
+        "queued", queue_id=queue_id, from_="<a@src.bench>", size=1402, nrcpt="1 (queue active)"
+    )
+    smtp.info(  # type: ignore[attr-defined]
+        "delivered",
+        queue_id=queue_id,
+        to="<to@dst.bench>",
+        relay="127.0.0.1[127.0.0.1]:2525",
+        conn_use=2,
+        delay=0.05,
+        delays="0.01/0/0/0.04",
+        dsn="2.0.0",
+        status="sent",
+        reply="250 2.0.0 Ok: queued as ABC",
+        transport="smtp",
+    )
+    qmgr.info("removed", queue_id=queue_id)  # type: ignore[attr-defined]
+
+
+def main() -> int:
+    """Configure logging into a temporary file, write the lines, print the cost."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("-n", type=int, default=20000, help="messages")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:
+        output = configure_logging("postfix", maillog_file=Path(tmp) / "maillog")
+        smtpd, cleanup, qmgr, smtp = (get_logger(c) for c in ("smtpd", "cleanup", "qmgr", "smtp"))
+        for n in range(200):  # warm up
+            one_message(smtpd, cleanup, qmgr, smtp, n)
+        t0 = time.process_time()
+        for n in range(args.n):
+            one_message(smtpd, cleanup, qmgr, smtp, n)
+        cpu = time.process_time() - t0
+        output.close()
+        lines = args.n * LINES_PER_MESSAGE
+        print(
+            f"messages={args.n} lines={lines} cpu={cpu:.2f}s "
+            f"us/line={cpu * 1e6 / lines:.1f} us/message={cpu * 1e6 / args.n:.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
