@@ -182,10 +182,11 @@ class Qmgrd(Relay):
 
     name = "qmgrd"
 
-    def __init__(self) -> None:
-        """Nothing runs yet."""
+    def __init__(self, main_cf: Sequence[str] = ()) -> None:
+        """Nothing runs yet; ``main_cf``: extra main.cf lines (``--qmgrd-main``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
+        self.main_cf = "".join(line + "\n" for line in main_cf)
 
     def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
         """Write main.cf/master.cf under ``root`` and start the daemon."""
@@ -202,7 +203,7 @@ class Qmgrd(Relay):
             "myhostname = relay.bench\n"
             "mynetworks = 127.0.0.0/8\n"
             f"relayhost = [127.0.0.1]:{sinks[0]}\n"
-            f"maillog_file = {root / 'maillog'}\n" + extra
+            f"maillog_file = {root / 'maillog'}\n" + extra + self.main_cf
         )
         (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
         self.proc = subprocess.Popen(
@@ -519,6 +520,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-s", type=int, default=20, help="parallel sessions (smtp-source -s)")
     parser.add_argument("--relays", default="qmgrd,postfix", help="qmgrd, postfix or both")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    parser.add_argument(
+        "--qmgrd-main", action="append", default=[], metavar="LINE",
+        help="an extra main.cf line for qmgrd (repeatable; bench/destdb.py --e2e uses it)",
+    )
     args = parser.parse_args(argv)
     tools = {name: tool(name) for name in ("smtp-source", "smtp-sink", "postfix")}
     missing = [name for name in ("smtp-source", "smtp-sink") if not tools[name]]
@@ -547,7 +552,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape in shapes:
         for rnd in range(1, args.rounds + 1):
             for name in relays:
-                relay: Relay = Qmgrd() if name == "qmgrd" else Postfix(found["postfix"])
+                relay: Relay = (
+                    Qmgrd(args.qmgrd_main) if name == "qmgrd" else Postfix(found["postfix"])
+                )
                 try:
                     run = run_once(relay, shape, rnd, args, found)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
