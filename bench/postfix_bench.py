@@ -193,12 +193,14 @@ class Qmgrd(Relay):
 
     name = "qmgrd"
 
-    def __init__(self, workers: str | None = None) -> None:
-        """Nothing runs yet; ``workers``: smtpd_worker_processes (None: its default)."""
+    def __init__(self, workers: str | None = None, main_cf: Sequence[str] = ()) -> None:
+        """Nothing runs yet; ``workers``: smtpd_worker_processes (None: its default);
+        ``main_cf``: extra main.cf lines (``--qmgrd-main``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
         self.workers = workers
         self.name = "qmgrd" if workers is None else f"qmgrd-w{workers}"
+        self.main_cf = "".join(line + "\n" for line in main_cf)
 
     def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
         """Write main.cf/master.cf under ``root`` and start the daemon."""
@@ -217,7 +219,7 @@ class Qmgrd(Relay):
             "myhostname = relay.bench\n"
             "mynetworks = 127.0.0.0/8\n"
             f"relayhost = [127.0.0.1]:{sinks[0]}\n"
-            f"maillog_file = {root / 'maillog'}\n" + extra
+            f"maillog_file = {root / 'maillog'}\n" + extra + self.main_cf
         )
         (conf / "master.cf").write_text((REPO / "config" / "master.cf").read_text())
         self.proc = subprocess.Popen(
@@ -543,7 +545,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--smtpd-workers",
         default=None,
         help="qmgrd's smtpd_worker_processes, or a comma list to run each in every round "
-        "(e.g. 0,2; default: qmgrd's own default, auto)",
+        "(e.g. 0,2; default: qmgrd's own default)",
+    )
+    parser.add_argument(
+        "--qmgrd-main", action="append", default=[], metavar="LINE",
+        help="an extra main.cf line for qmgrd (repeatable; bench/destdb.py --e2e uses it)",
     )
     args = parser.parse_args(argv)
     tools = {name: tool(name) for name in ("smtp-source", "smtp-sink", "postfix")}
@@ -581,7 +587,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 relay: Relay = (
                     Postfix(found["postfix"])
                     if name == "postfix"
-                    else Qmgrd(variants[[Qmgrd(v).name for v in variants].index(name)])
+                    else Qmgrd(
+                        variants[[Qmgrd(v).name for v in variants].index(name)],
+                        args.qmgrd_main,
+                    )
                 )
                 try:
                     run = run_once(relay, shape, rnd, args, found)

@@ -259,6 +259,60 @@ _TABLE: tuple[Param, ...] = (
         minimum=0,
         qmgrd_only=True,
     ),
+    # --- cluster: destination state shared on Redis (qmgrd.destdb, docs/cluster.md) ---
+    Param(
+        "destination_state_backend",
+        _S,
+        "local",
+        "where destination state lives: local (this node) or redis://host:port/db, "
+        "rediss://host:port/db (TLS), unix:///path?db=N: leases, dead destinations, learned "
+        "limits and rates shared by every node using it",
+        qmgrd_only=True,
+    ),
+    Param(
+        "destination_state_password",
+        _S,
+        "",
+        "password for the Redis destination state (or put it in the URL)",
+        qmgrd_only=True,
+    ),
+    Param(
+        "destination_state_timeout",
+        _T,
+        "1s",
+        "bound on one Redis round trip; past it the node falls back to local limits",
+        minimum=1,
+        qmgrd_only=True,
+    ),
+    Param(
+        "destination_state_lease_ttl",
+        _T,
+        "30s",
+        "a session's concurrency lease expires this long after its last renewal (renewed "
+        "every third of it): a crashed node's sessions stop counting within this time",
+        minimum=1,
+        qmgrd_only=True,
+    ),
+    Param(
+        "destination_state_fallback_percent",
+        _I,
+        "100",
+        "while Redis is unreachable, this node uses this percentage of each concurrency "
+        "limit and rate limit (set 100/N for N nodes)",
+        minimum=1,
+        maximum=100,
+        qmgrd_only=True,
+    ),
+    Param(
+        "default_destination_rate_limit",
+        _S,
+        "",
+        "at most N deliveries per period to one destination (N/period, e.g. 600/1m; empty = "
+        "none), cluster-wide with a Redis destination state (GCRA, one every period/N)",
+        per_transport=True,
+        qmgrd_only=True,
+    ),
+    # --- end cluster ---
     Param(
         "default_destination_rate_delay",
         _T,

@@ -46,6 +46,12 @@ NOT_RELOADABLE = (
     "log_format",
     "syslog_name",
     "enable_long_queue_ids",
+    # cluster: the destination-state connection (qmgrd.destdb)
+    "destination_state_backend",
+    "destination_state_password",
+    "destination_state_timeout",
+    "destination_state_lease_ttl",
+    "destination_state_fallback_percent",
 )
 """Read once at start (spool, bound sockets, log output): a change needs a restart."""
 

@@ -63,6 +63,7 @@ class DestinationDead:
     nexthop: str
     status: str
     reason: str
+    shared: bool = False  # the verdict came from another node (cluster destination gate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -287,6 +287,15 @@ class ConcurrencyWindow:
             self.window = READY_MIN
         return False
 
+    # --- cluster (qmgrd.daemon.destgate): a verdict reached by another node ---
+    def kill(self) -> None:
+        """READY -> THROTTLED: another node declared the destination dead (shared destdb)."""
+        if not self.ready:
+            raise InvariantError(f"kill of a {self.state} destination window")
+        self.window = THROTTLED
+        self.success = self.failure = 0.0
+
+    # --- end cluster ---
     def suspend(self) -> None:
         """READY with window 1 -> SUSPENDED, at the end of a rate-delayed delivery (notes §7.5)."""
         if self.window != READY_MIN:

@@ -672,6 +672,72 @@ class Scheduler:
         )
         return True
 
+    # ------------------------------------------------------------------ cluster hooks
+    # The engine's destination gate (qmgrd.daemon.destgate) asks a shared destination database
+    # before a delivery starts; these two calls apply its answer to the core.
+
+    def entry_postpone(self, entry: Entry, *, until: float, now: float) -> None:
+        """A BUSY entry may not start yet (cluster lease or rate refused): back to TODO, and the
+        destination gives no entry before ``until``. A destination that died meanwhile defers it.
+        """
+        if entry.state is not EntryState.BUSY:
+            raise InvariantError(f"entry_postpone: entry is {entry.state.value}, not busy")
+        queue = entry.queue
+        transport = queue.transport
+        self._entry_unselect(entry)
+        if entry.peer.job.stack_level < 0:
+            job_obtain(entry.message, transport)  # selection retired it with its last entry
+        if transport.rate_locked:
+            self._rate_unlock(transport, now)
+        window = queue.window
+        if window.throttled:
+            assert queue.dsn is not None
+            self._defer_todo(queue, queue.dsn, now)
+            return
+        if window.ready:
+            window.hold(window.window)
+        if queue.resume_at is None or queue.resume_at < until:
+            queue.resume_at = until
+            self._timer_push(until, _T_QUEUE_RESUME, queue)
+
+    def destination_hold(
+        self, entry: Entry, *, dsn: tuple[str, str], until: float, now: float
+    ) -> None:
+        """Another node declared this BUSY entry's destination dead until ``until``: the queue
+        is dead here too (its TODO entries and this one are deferred with ``dsn``) and revives
+        at ``until``, as if this node had found it dead itself."""
+        if entry.state is not EntryState.BUSY:
+            raise InvariantError(f"destination_hold: entry is {entry.state.value}, not busy")
+        queue = entry.queue
+        self._entry_unselect(entry)
+        if entry.peer.job.stack_level < 0:
+            job_obtain(entry.message, queue.transport)
+        if queue.transport.rate_locked:
+            self._rate_unlock(queue.transport, now)
+        window = queue.window
+        if window.suspended:
+            window.resume()
+            queue.resume_at = None
+        if window.ready:
+            window.kill()
+            status, text = dsn
+            if not _DSN_RE.match(status):
+                status = "4.0.0"
+            queue.dsn = (status, _SUSPENDED_PREFIX + (text or "unknown error"))
+            queue.dflags = 0
+            queue.revive_at = until
+            self._timer_push(until, _T_QUEUE_REVIVE, queue)
+            self._events.append(
+                DestinationDead(
+                    queue.transport.name, queue.name, queue.nexthop, queue.dsn[0], queue.dsn[1],
+                    shared=True,
+                )
+            )
+        assert queue.dsn is not None
+        self._defer_todo(queue, queue.dsn, now)
+
+    # ------------------------------------------------------------------ end cluster hooks
+
     def _rate_unlock(self, transport: Transport, now: float) -> None:
         """A delivery ended: release the transport rate lock after ``transport_rate_delay``."""
         delay = transport.params.transport_rate_delay

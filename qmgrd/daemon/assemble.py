@@ -51,6 +51,7 @@ from qmgrd.core.scheduler import Scheduler
 from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
+from qmgrd.daemon.destgate import GateSettings, create_gate
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.flows import fairness_settings
 from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
@@ -133,6 +134,8 @@ def create_engine(
     )
     engine.ctx.fairness = fairness
     engine.configure_admission(admission)
+    # cluster: the destination gate (qmgrd.daemon.destgate); Daemon closes it after the engine
+    engine.ctx.gate = create_gate(cfg, engine.ctx, tuple(delivery_services(cfg)))
     return engine
 
 
@@ -154,6 +157,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         fairness = fairness_settings(cfg, lambda text: log.warning(text))
         agents = create_agents(cfg)
         admission = admission_settings(cfg, lambda text: log.warning(text))
+        gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
         return None
@@ -168,6 +172,8 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
     )
     engine.ctx.fairness = fairness  # messages loaded from now on get flows by the new settings
     engine.configure_admission(admission)
+    if engine.ctx.gate is not None:
+        engine.ctx.gate.update(gate)  # cluster: reloaded rate limits and caps
     return cfg
 
 
@@ -238,6 +244,7 @@ class Daemon:
         self.intake.start()
         self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
+        self._stack.push_async_callback(self._close_gate)  # cluster: after the engine stops
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
         try:
@@ -392,6 +399,10 @@ class Daemon:
     async def _stop_pickup(self, task: asyncio.Task[None]) -> None:
         self._pickup_stop.set()
         await task
+
+    async def _close_gate(self) -> None:
+        if self.engine.ctx.gate is not None:
+            await self.engine.ctx.gate.close()
 
     async def _stop_engine(self) -> None:
         self.engine.stop()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from qmgrd.core.flow import Flow
 from qmgrd.core.params import TransportParams
@@ -35,6 +35,9 @@ from qmgrd.daemon.table import MessageTable
 from qmgrd.delivery.agent import Agent
 from qmgrd.log import get_logger
 from qmgrd.spool import Spool
+
+if TYPE_CHECKING:
+    from qmgrd.daemon.destgate import DestGate
 
 __all__ = ["DeliveryObserver", "EngineContext", "EngineStats", "Spawn"]
 
@@ -99,3 +102,4 @@ class EngineContext:
     admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)
     log: Any = field(default_factory=lambda: get_logger("qmgr"))
     smtp_log: Any = field(default_factory=lambda: get_logger("smtp"))
+    gate: DestGate | None = None  # cluster: shared destination state (qmgrd.daemon.destgate)

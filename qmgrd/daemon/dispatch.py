@@ -20,7 +20,9 @@ full or throttling (``result.throttle``) hands the entry back to the scheduler
 (``entry_throttled``: its destination's todo list, no feedback) when the scheduler
 accepts that reading; otherwise it is an ordinary hop failure. The scheduler
 gets the delivery's real duration (``service_time``, for fair queuing's G - S
-correction). The outcome is recorded
+correction). With a destination gate (``ctx.gate``, cluster: ``qmgrd.daemon.destgate``)
+a delivery starts only once the gate admits it, and the gate hears its outcome first.
+The outcome is recorded
 (``qmgrd.daemon.outcomes``) and only then does the scheduler hear of the
 entry: exactly once, whatever fails in between, so a message can never hang
 in core waiting for an entry nobody will complete.
@@ -114,6 +116,12 @@ class Dispatcher:
             cache_load=entry.cache_load,
             cache_store=entry.cache_store,
         )
+        # --- cluster (qmgrd.daemon.destgate): shared leases, dead verdicts and rates ---
+        gate = ctx.gate if ctx.gate is not None and ctx.gate.active else None
+        lease = await gate.before(entry) if gate is not None else None
+        if gate is not None and lease is None:
+            return  # not started: the gate put the entry back or had the core defer it
+        # --- end cluster ---
         crashed = False
         try:
             result = await agent.deliver(request)
@@ -137,6 +145,10 @@ class Dispatcher:
                 )
             )
         result = complete(result, recipients)
+        if gate is not None and lease is not None and await gate.after(
+            entry, lease, result, crashed
+        ):
+            return  # cluster: a full destination refused the session; the entry went back
         now = ctx.clock.now()
         hop = (result.hop.dsn, result.hop.reason) if result.hop else None
         if (

@@ -365,6 +365,7 @@ class Engine:
             self.ctx.table.waiting,
             self.ctx.clock.now() - self._started_at,
             admission=self.ctx.table.admission.backlogs(STATUS_TOP),
+            destination_state=self.ctx.gate.status() if self.ctx.gate is not None else None,
         )
 
     def status(self) -> dict[str, Any]:

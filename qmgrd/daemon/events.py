@@ -9,6 +9,7 @@ Contract
   ``finish(record)`` is spawned (``qmgrd.daemon.finishing``);
 - ``RecipientsDeferred``: recipients at a destination that died get their
   defer reason and log line (``Recorder.defer_unattempted``);
+- ``DestinationDead``: also handed to the destination gate (cluster: shared);
 - ``DestinationDead`` / ``DestinationRevived`` / ``TransportDead`` /
   ``TransportRevived``: one ``qmgr`` log line each (Postfix logs the same
   state changes).
@@ -60,6 +61,8 @@ def apply_events(
             msg = active_of(event.message)
             defer_unattempted(msg, event.recipients, event.status, event.reason, now)
         elif isinstance(event, DestinationDead):
+            if ctx.gate is not None:
+                ctx.gate.observe(event)  # cluster: publish this node's verdict
             log.warning(
                 "destination dead",
                 transport=event.transport,

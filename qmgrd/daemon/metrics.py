@@ -57,6 +57,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from qmgrd import __version__
+from qmgrd.daemon.metrics_cluster import destination_state_metrics
 from qmgrd.daemon.metrics_flows import flow_metrics
 from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
 from qmgrd.daemon.metrics_intake import NULL_INTAKE, IntakeMetrics, IntakeObserver
@@ -353,6 +354,7 @@ def _status_metrics(status: EngineStatus, top: int) -> Iterable[Metric]:
         yield CounterMetricFamily(
             f"qmgrd_engine_{name}", f"Engine counter {name} since start.", value=value
         )
+    yield from destination_state_metrics(dict(status.destination_state))  # cluster
 
     t_busy = GaugeMetricFamily(
         "qmgrd_transport_busy", "Deliveries in progress per transport.", labels=("transport",)

@@ -20,7 +20,8 @@ the snapshot is ``EngineStatus.to_json()``: the JSON shape documented in
                                  "state": "ready", "reason": null}],
                      "fair": true, "flows_total": 2,
                      "flows": [{"label": "sender_domain:a.example", "weight": 1.0,
-                                "jobs": 3, "backlog": 40, "delivered": 12}]}]}
+                                "jobs": 3, "backlog": 40, "delivered": 12}]}],
+     "destination_state": {"backend": "redis://10.0.0.5:6379/0", "connected": true, ...}}
 
 Flows (fair queuing, ``qmgrd.core.fairq``) are listed only for transports with fairness on:
 the ``FLOW_TOP`` flows with the largest backlog (TODO entries in core), then one ``other``
@@ -28,6 +29,9 @@ entry summing the rest, so a sender who makes thousands of flows cannot make the
 metrics' label set grow (the tenant name ``other`` is reserved for it). ``delivered`` counts
 deliveries since the flow last became known (it is forgotten when it has no job in core);
 ``weight`` of ``other`` is 0.
+
+``destination_state`` (the cluster backend's state, ``qmgrd.daemon.destgate``) is present
+only when a gate is configured.
 
 ``StatusReply.from_json(reply)`` reads such a reply back (the CLI side),
 leniently: a missing field takes its zero value, so an older or newer daemon
@@ -184,10 +188,12 @@ class EngineStatus:
     stats: tuple[tuple[str, int], ...]  # counter name and value, in declaration order
     transports: tuple[TransportStatus, ...]
     admission: tuple[FlowBacklog, ...] = ()  # fair admission: top flows by backlog + "other"
+    # cluster: the destination state backend (qmgrd.daemon.destgate.DestGate.status)
+    destination_state: tuple[tuple[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The wire form."""
-        return {
+        out = {
             "uptime": self.uptime,
             "messages_in_core": self.messages_in_core,
             "recipients_in_core": self.recipients_in_core,
@@ -196,6 +202,9 @@ class EngineStatus:
             "transports": [t.to_json() for t in self.transports],
             "admission": _admission_to_json(self.admission),
         }
+        if self.destination_state:
+            out["destination_state"] = dict(self.destination_state)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EngineStatus:
@@ -210,6 +219,7 @@ class EngineStatus:
                         if isinstance(v, int | float)),
             transports=tuple(TransportStatus.from_json(t) for t in data.get("transports") or ()),
             admission=_admission_from_json(data.get("admission")),
+            destination_state=tuple((data.get("destination_state") or {}).items()),
         )
 
 
@@ -248,6 +258,7 @@ def take_snapshot(
     uptime: float,
     *,
     admission: tuple[FlowBacklog, ...] = (),
+    destination_state: Mapping[str, Any] | None = None,
 ) -> EngineStatus:
     """The engine's snapshot now (on the loop; see the module doc)."""
     transports = []
@@ -287,6 +298,7 @@ def take_snapshot(
         stats=tuple((name, getattr(stats, name)) for name in stats.__slots__),
         transports=tuple(transports),
         admission=admission,
+        destination_state=tuple((destination_state or {}).items()),
     )
 
 

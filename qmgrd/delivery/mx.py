@@ -339,6 +339,51 @@ def _is_v6(ep: Endpoint) -> bool:
     return ":" in ep.addr
 
 
+def _family_rank(ep: Endpoint, preference: str) -> int:
+    if preference == "ipv4":
+        return 1 if _is_v6(ep) else 0
+    if preference == "ipv6":
+        return 0 if _is_v6(ep) else 1
+    return 0
+
+
+class EndpointUsage:
+    """When each address was last connected to (fanf's load spreading; bounded, LRU).
+
+    ``spread(endpoints)`` reorders addresses of equal MX preference (and equal rank under
+    ``smtp_address_preference``) least recently used first, never-used ones first of all;
+    ties keep the list's (shuffled) order. Over a run of deliveries this spreads one node's
+    sessions round-robin over a destination's equal MX hosts instead of piling onto one
+    (fanf: "pick the oldest" closed destination, a random unused one before that). The
+    SMTP agent puts addresses with a live cached session before these.
+    """
+
+    def __init__(self, preference: str = "any", limit: int = 4096) -> None:
+        """``limit``: addresses remembered (the least recently used is forgotten first)."""
+        self.preference = preference
+        self.limit = limit
+        self._used: dict[tuple[str, int], float] = {}
+
+    def used(self, ep: Endpoint, now: float) -> None:
+        """A session to ``ep`` was opened or reused at ``now``."""
+        key = (ep.addr, ep.port)
+        self._used.pop(key, None)
+        self._used[key] = now
+        if len(self._used) > self.limit:
+            del self._used[next(iter(self._used))]
+
+    def last(self, ep: Endpoint) -> float:
+        """When ``ep`` was last used (``-inf``: never, or forgotten)."""
+        return self._used.get((ep.addr, ep.port), float("-inf"))
+
+    def spread(self, endpoints: list[Endpoint]) -> list[Endpoint]:
+        """Least recently used first within each preference (see the class doc)."""
+        return sorted(
+            endpoints,
+            key=lambda ep: (ep.pref, _family_rank(ep, self.preference), self.last(ep)),
+        )
+
+
 def order_endpoints(
     endpoints: list[Endpoint], *, preference: str = "any", balance: bool = True, limit: int = 0
 ) -> list[Endpoint]:
@@ -351,14 +396,7 @@ def order_endpoints(
     into ``smtp_mx_address_limit`` (Postfix smtp_balance_inet_proto).
     """
 
-    def family_rank(ep: Endpoint) -> int:
-        if preference == "ipv4":
-            return 1 if _is_v6(ep) else 0
-        if preference == "ipv6":
-            return 0 if _is_v6(ep) else 1
-        return 0
-
-    ordered = sorted(endpoints, key=lambda ep: (ep.pref, family_rank(ep)))
+    ordered = sorted(endpoints, key=lambda ep: (ep.pref, _family_rank(ep, preference)))
     v6 = sum(1 for ep in ordered if _is_v6(ep))
     v4 = len(ordered) - v6
     if not balance or limit <= 0 or len(ordered) <= limit or v4 == 0 or v6 == 0:

@@ -16,8 +16,10 @@ Theory of operation (one request):
    last destination are soft (a "not found" primary falls back rather than
    bounce, as Postfix does).
 3. For each destination, its TLS policy (``smtp_tls_policy_maps`` or the
-   level), its addresses (``mx.MxResolver``); addresses at the best preference
-   with a cached session are moved to the front.
+   level), its addresses (``mx.MxResolver``); with ``smtp_randomize_addresses``
+   equal-preference addresses are tried least recently used first
+   (``mx.EndpointUsage``: fanf's load spreading over a destination's hosts); addresses at
+   the best preference with a cached session are moved to the front.
 4. Try addresses in order. Each counts toward ``smtp_mx_address_limit``; each
    session that got through the handshake (or came from the cache) counts
    toward ``smtp_mx_session_limit``. When either limit is reached this is the
@@ -51,7 +53,14 @@ import aiosmtplib
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
 from qmgrd.delivery.attempt import Attempt
 from qmgrd.delivery.cache import CallLater, ConnectionCache
-from qmgrd.delivery.mx import Destination, DnsFailure, Endpoint, MxResolver, parse_nexthop
+from qmgrd.delivery.mx import (
+    Destination,
+    DnsFailure,
+    Endpoint,
+    EndpointUsage,
+    MxResolver,
+    parse_nexthop,
+)
 from qmgrd.delivery.replies import Failure, dsn_param, reply_dsn, xtext
 from qmgrd.delivery.sasl import SaslClient
 from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats
@@ -90,6 +99,7 @@ class SmtpAgent:
             defer_if_no_mx_address_found=settings.defer_if_no_mx_address_found,
         )
         self.clock = clock
+        self.usage = EndpointUsage(settings.address_preference)
         self.stats = SmtpStats()
         self._log = get_logger("smtp")
         for warning in settings.warnings:
@@ -195,7 +205,7 @@ class SmtpAgent:
             return
         sender = att.request.sender
         users = {ep: self._user(sender, dest, ep) for ep in found}
-        endpoints = found
+        endpoints = self.usage.spread(found) if s.randomize_addresses else found
         if load and endpoints:
             best = endpoints[0].pref
             cached = [
@@ -213,6 +223,7 @@ class SmtpAgent:
                 s.mx_address_limit > 0 and count >= s.mx_address_limit
             )
             t0 = self.clock()
+            self.usage.used(ep, t0)  # tried, whatever the outcome: the next one goes elsewhere
             session = await self._take_cached(dest.label, ep, users[ep]) if load else None
             if session is None:
                 creds = self.sasl.credentials(sender, dest, ep)

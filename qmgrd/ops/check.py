@@ -42,6 +42,7 @@ from qmgrd.config.config import TransportConfig
 from qmgrd.config.maps import open_maps, setting_where
 from qmgrd.config.params import PARAMS
 from qmgrd.daemon.assemble import create_agents
+from qmgrd.daemon.destgate import GateSettings
 from qmgrd.daemon.settings import (
     delivery_services,
     engine_settings,
@@ -122,6 +123,8 @@ def _check_transports(cfg: Config, found: Findings) -> None:
     found.attempt("", lambda: engine_settings(cfg))
     params = transport_params_fn(cfg, found.warnings.append)
     services = delivery_services(cfg)
+    # cluster: destination_state_backend and the transports' destination_rate_limit
+    found.attempt("", lambda: GateSettings.from_config(cfg, tuple(services)))
     described: list[str] = []
     for name, command in services.items():
         found.attempt("", lambda name=name: params(name))  # type: ignore[misc]

@@ -136,6 +136,20 @@ def format_status(status: Mapping[str, Any]) -> str:
             "counters: " + ", ".join(f"{printable(k)}={printable(str(v))}" for k, v in core.stats)
         )
     lines.extend(_admission_lines(core.admission))
+    if core.destination_state:  # cluster (qmgrd.daemon.destgate)
+        state = dict(core.destination_state)
+        if "connected" not in state:
+            where = "(this node only)"
+        else:
+            where = "connected" if state["connected"] else "UNREACHABLE, on local limits"
+        lines.append(
+            f"destination state: {printable(str(state.get('backend', '?')))} {where}; "
+            + ", ".join(
+                f"{printable(str(k))}={printable(str(v))}"
+                for k, v in core.destination_state
+                if k not in ("backend", "connected")
+            )
+        )
     for transport in core.transports:
         lines.append("")
         lines.extend(_transport_lines(transport))

@@ -87,6 +87,7 @@ class ReceivedMessage:
     mail_options: list[str]
     rcpt_options: list[str]
     peer_tls: bool
+    received_at: float = 0.0  # the loop's clock when the end of data was accepted
 
 
 class _Handler:
@@ -132,6 +133,7 @@ class _Handler:
                 mail_options=list(envelope.mail_options),
                 rcpt_options=list(envelope.rcpt_options),
                 peer_tls=session.ssl is not None,
+                received_at=asyncio.get_running_loop().time(),
             )
         )
         self.server.changes.notify()

@@ -139,6 +139,7 @@ def test_per_transport_set_is_the_notes_t_parameters() -> None:
         "destination_concurrency_learning",
         "destination_throttle_delay",
         "fairness_key",  # qmgrd only: fair queuing between flows
+        "destination_rate_limit",  # cluster (qmgrd.daemon.destgate)
     }
     assert PER_TRANSPORT["initial_destination_concurrency"].name == (
         "initial_destination_concurrency"

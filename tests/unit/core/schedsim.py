@@ -81,6 +81,13 @@ class Sim:
         self.events.extend(new)
         return new
 
+    def select_all(self) -> list[Entry]:
+        """Every entry ``select`` hands out now (BUSY, not completed)."""
+        out = []
+        while (entry := self.sched.select(self.now)) is not None:
+            out.append(entry)
+        return out
+
     def run_serial(
         self,
         max_steps: int = 10000,

@@ -1,0 +1,391 @@
+"""The Redis destination-state backend: leases, verdicts and rates shared by a cluster.
+
+Contract
+--------
+``RedisState(url, fallback=LocalState(...), timeout=..., lease_ttl=..., password=None)``
+implements :class:`qmgrd.destdb.DestinationState` on one Redis server (``redis://host:port/db``,
+``rediss://`` for TLS; redis-py's URL options such as ``?ssl_ca_certs=`` apply). Every call is
+one round trip, atomic on the server (a Lua script, as KumoMTA's Redis throttles and
+connection leases are), and bounded by ``timeout``:
+
+- ``admit``: the destination's health (dead until a time; after that one node, the prober,
+  goes first and the others WAIT), then the concurrency cap (a sorted set of leases scored
+  by expiry: expired ones are dropped first, so a crashed node's leases count for at most
+  ``lease_ttl``), then the rate (GCRA: one TAT per destination), then the lease is added.
+  The cap is ``min(limits.cap, published learned limit)``.
+- ``release``: the lease is removed; a probe that succeeded clears the dead verdict (every
+  node sees the revival), a failed one declares the destination dead again for
+  ``dead_seconds`` (the node's ``minimal_backoff_time``).
+- a background task renews every held lease each ``lease_ttl / 3`` (one round trip per
+  destination, pipelined).
+
+Times are the Redis server's clock (``TIME`` in the scripts): nodes' clocks never meet.
+
+Redis failures never stop mail: any error or timeout switches the backend to ``fallback``
+(this node's ``share`` of each cap and rate, counting the leases it still holds in Redis),
+logs it once, and a task pings every ``RECONNECT_DELAY`` seconds until Redis answers again;
+then the node re-joins (logged), first putting a lease in Redis for every session it still
+runs (those started on the fallback, and those whose leases a restarted Redis lost), so the
+cap holds across the restart. Leases released during the outage expire within the TTL.
+Nothing here touches the spool: a Redis failure can delay a delivery, never lose or repeat
+one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from qmgrd.destdb import LEARNED_TTL, Admission, DestKey, Lease, Limits, Verdict
+from qmgrd.destdb.local import LocalState
+
+__all__ = ["RECONNECT_DELAY", "RedisState", "describe_url"]
+
+RECONNECT_DELAY = 1.0
+"""Seconds between two reconnection attempts while Redis is unreachable."""
+
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# KEYS: leases (zset), health (hash), rate TAT, learned limit.
+# ARGV: lease id, cap, ttl ms, rate interval ms (0 = none), node id.
+_ADMIT = _NOW + """
+local ttl = tonumber(ARGV[3])
+local probe = 0
+local h = redis.call('HMGET', KEYS[2], 'u', 'st', 'rs', 'p', 'pu')
+if h[1] then
+  local u = tonumber(h[1])
+  if now < u then return {'dead', u - now, 0, h[2] or '', h[3] or ''} end
+  if h[4] and h[4] ~= ARGV[5] and tonumber(h[5] or '0') > now then
+    return {'wait', tonumber(h[5]) - now, 0, '', ''}
+  end
+  probe = 1
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local count = redis.call('ZCARD', KEYS[1])
+local cap = tonumber(ARGV[2])
+local learned = tonumber(redis.call('GET', KEYS[4]) or '0')
+if learned > 0 and (cap == 0 or learned < cap) then cap = learned end
+if cap > 0 and count >= cap then return {'full', 0, count, '', ''} end
+local interval = tonumber(ARGV[4])
+if interval > 0 then
+  local tat = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if tat > now then return {'rate', math.ceil(tat - now), count, '', ''} end
+  redis.call('SET', KEYS[3], string.format('%.3f', now + interval), 'PX',
+             math.ceil(interval) + 1000)
+end
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+if probe == 1 then redis.call('HSET', KEYS[2], 'p', ARGV[5], 'pu', now + ttl) end
+return {'ok', probe, count + 1, '', ''}
+"""
+
+# KEYS: leases, health. ARGV: lease id, probe (0/1), ok (0/1), node id, dead ms.
+_RELEASE = _NOW + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[2] == '1' and redis.call('HGET', KEYS[2], 'p') == ARGV[4] then
+  if ARGV[3] == '1' then
+    redis.call('DEL', KEYS[2])
+  else
+    redis.call('HSET', KEYS[2], 'u', now + tonumber(ARGV[5]))
+    redis.call('HDEL', KEYS[2], 'p', 'pu')
+  end
+end
+return 1
+"""
+
+# KEYS: health. ARGV: dead ms, status, reason.
+_DEAD = _NOW + """
+local ms = tonumber(ARGV[1])
+redis.call('HSET', KEYS[1], 'u', now + ms, 'st', ARGV[2], 'rs', ARGV[3])
+redis.call('HDEL', KEYS[1], 'p', 'pu')
+redis.call('PEXPIRE', KEYS[1], ms + 3600000)
+return 1
+"""
+
+# KEYS: leases. ARGV: ttl ms, lease ids... (added whether or not they are there)
+_ADOPT = _NOW + """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + ttl, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+return 1
+"""
+
+# KEYS: leases. ARGV: ttl ms, lease ids...
+_RENEW = _NOW + """
+local ttl = tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i]) end
+redis.call('PEXPIRE', KEYS[1], 2 * ttl)
+return 1
+"""
+
+
+def describe_url(url: str) -> str:
+    """``scheme://host:port/db`` without the password (for logs and status)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "localhost"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def _keys(key: DestKey) -> list[str]:
+    tag = f"qmgrd:{{{key.transport}|{key.name}}}"  # one hash slot per destination (Cluster)
+    return [f"{tag}:leases", f"{tag}:health", f"{tag}:rate", f"{tag}:limit"]
+
+
+class RedisState:
+    """Destination state on Redis with a local fallback (module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        fallback: LocalState,
+        timeout: float,
+        lease_ttl: float,
+        password: str | None = None,
+        log: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """Build the client (it connects on first use: start-up never waits for Redis)."""
+        self.url = describe_url(url)
+        self.fallback = fallback
+        self.timeout = timeout
+        self.lease_ttl = lease_ttl
+        self.log = log
+        self._clock = clock
+        self._client = aioredis.Redis.from_url(
+            url,
+            password=password or None,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=True,
+        )
+        self._admit = self._client.register_script(_ADMIT)
+        self._release = self._client.register_script(_RELEASE)
+        self._dead = self._client.register_script(_DEAD)
+        self._renew = self._client.register_script(_RENEW)
+        self._adopt = self._client.register_script(_ADOPT)
+        self._stand_ins: dict[DestKey, list[str]] = {}  # Redis leases for fallback sessions
+        self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._ids = itertools.count(1)
+        self._held: dict[DestKey, set[str]] = {}
+        self.up = True
+        self.down_since: float | None = None
+        self.outages = 0
+        self.round_trips = 0
+        self.errors = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._renewer: asyncio.Task[None] | None = None
+        self._reconnector: asyncio.Task[None] | None = None
+        self.dead_seconds = 0.0  # set by the gate: minimal_backoff_time
+
+    @property
+    def shared(self) -> bool:
+        """True while Redis answers (False: on the local fallback)."""
+        return self.up
+
+    # ------------------------------------------------------------------ calls
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """One round trip, bounded by ``timeout``; an error switches to the fallback."""
+        self.round_trips += 1
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await fn(*args, **kwargs)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._went_down(exc)
+            return None
+
+    async def admit(self, key: DestKey, limits: Limits) -> Admission:
+        """Health, cap, rate and lease in one atomic round trip (module doc)."""
+        if not self.up:
+            return self._fallback_admit(key, limits)
+        ident = f"{self.node}:{next(self._ids)}"
+        interval = limits.rate.interval * 1000.0 if limits.rate is not None else 0.0
+        reply = await self._call(
+            self._admit,
+            keys=_keys(key),
+            args=[ident, limits.cap, int(self.lease_ttl * 1000), f"{interval:.3f}", self.node],
+        )
+        if reply is None:
+            return self._fallback_admit(key, limits)
+        verdict, number, count, status, reason = reply
+        number, count = int(number), int(count)
+        if verdict == "ok":
+            self._held.setdefault(key, set()).add(ident)
+            self._ensure_renewer()
+            return Admission(
+                Verdict.OK, lease=Lease(key, ident, shared=True, probe=number == 1), count=count
+            )
+        if verdict == "dead":
+            return Admission(Verdict.DEAD, retry_after=number / 1000.0, dsn=(status, reason))
+        return Admission(Verdict(verdict), retry_after=number / 1000.0, count=count)
+
+    def _fallback_admit(self, key: DestKey, limits: Limits) -> Admission:
+        # Sessions still running here on Redis leases count against this node's share.
+        return self.fallback.admit_now(key, limits, elsewhere=len(self._held.get(key, ())))
+
+    async def release(self, lease: Lease, *, ok: bool) -> None:
+        """Remove the lease; a probe's outcome is the destination's new health."""
+        ident = lease.ident
+        if not lease.shared:
+            self.fallback.release_now(lease)
+            stand_ins = self._stand_ins.get(lease.key)
+            if not stand_ins:
+                return
+            ident = stand_ins.pop()  # the Redis lease that stood for it since re-joining
+            if not stand_ins:
+                del self._stand_ins[lease.key]
+        held = self._held.get(lease.key)
+        if held is not None:
+            held.discard(ident)
+            if not held:
+                del self._held[lease.key]
+        if not self.up:
+            return  # it expires within lease_ttl
+        await self._call(
+            self._release,
+            keys=_keys(lease.key)[:2],
+            args=[ident, int(lease.probe), int(ok), self.node, int(self.dead_seconds * 1000)],
+        )
+
+    async def _adopt_all(self) -> None:
+        """Re-joining: put every session this node runs back in Redis (a restarted Redis has
+        lost its leases; sessions started on the fallback never had one), so the cap holds."""
+        for key, count in self.fallback.held_by_key().items():
+            stand_ins = self._stand_ins.setdefault(key, [])
+            while len(stand_ins) < count:
+                ident = f"{self.node}:{next(self._ids)}"
+                stand_ins.append(ident)
+                self._held.setdefault(key, set()).add(ident)
+        ttl_ms = int(self.lease_ttl * 1000)
+        for key, ids in list(self._held.items()):
+            await self._adopt(keys=[_keys(key)[0]], args=[ttl_ms, *sorted(ids)])
+        if self._held:
+            self._ensure_renewer()
+
+    async def publish_dead(self, key: DestKey, seconds: float, dsn: tuple[str, str]) -> None:
+        """Every node skips ``key`` for ``seconds`` from now (server time)."""
+        if self.up:
+            await self._call(
+                self._dead, keys=[_keys(key)[1]], args=[int(seconds * 1000), dsn[0], dsn[1]]
+            )
+
+    async def publish_limit(self, key: DestKey, limit: int) -> None:
+        """The cluster cap of ``key`` is at most ``limit`` for ``LEARNED_TTL`` seconds."""
+        if self.up and limit > 0:
+            await self._call(
+                self._client.set, _keys(key)[3], limit, px=int(LEARNED_TTL * 1000)
+            )
+
+    # ------------------------------------------------------------------ background
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _ensure_renewer(self) -> None:
+        if self._renewer is None or self._renewer.done():
+            self._renewer = self._spawn(self._renew_loop())
+
+    async def _renew_loop(self) -> None:
+        """Every lease_ttl/3: push the expiry of every held lease (one pipelined round trip)."""
+        ttl_ms = int(self.lease_ttl * 1000)
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3.0)
+            if not self.up or not self._held:
+                continue
+            held = [(key, sorted(ids)) for key, ids in self._held.items() if ids]
+
+            async def renew_all(held: list[tuple[DestKey, list[str]]] = held) -> None:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for key, ids in held:
+                        await self._renew(keys=[_keys(key)[0]], args=[ttl_ms, *ids], client=pipe)
+                    await pipe.execute()
+
+            await self._call(renew_all)
+
+    def _went_down(self, exc: BaseException) -> None:
+        self.errors += 1
+        if not self.up:
+            return
+        self.up = False
+        self.outages += 1
+        self.down_since = self._clock()
+        if self.log is not None:
+            self.log.warning(
+                "destination state unreachable: falling back to local limits",
+                backend=self.url,
+                share=self.fallback.share,
+                error=repr(exc),
+            )
+        if self._reconnector is None or self._reconnector.done():
+            self._reconnector = self._spawn(self._reconnect_loop())
+
+    async def _reconnect_loop(self) -> None:
+        """Ping every RECONNECT_DELAY until Redis answers, then re-join."""
+        while not self.up:
+            await asyncio.sleep(RECONNECT_DELAY)
+            try:
+                async with asyncio.timeout(self.timeout):
+                    # Pooled connections to the old server are dead: drop them all, so the
+                    # first calls after re-joining do not fail (and log a second outage).
+                    await self._client.connection_pool.disconnect()
+                    await self._client.ping()
+                    await self._adopt_all()
+            except (RedisError, OSError, TimeoutError):
+                continue
+            self.up = True
+            down = self._clock() - (self.down_since or self._clock())
+            self.down_since = None
+            if self.log is not None:
+                self.log.info(
+                    "destination state reachable again: re-joined the cluster",
+                    backend=self.url,
+                    outage_seconds=round(down, 3),
+                )
+
+    # ------------------------------------------------------------------ status, close
+
+    def status(self) -> dict[str, Any]:
+        """Backend, connection state and counters."""
+        return {
+            "backend": self.url,
+            "connected": self.up,
+            "fallback_seconds": (
+                round(self._clock() - self.down_since, 3) if self.down_since is not None else 0
+            ),
+            "outages": self.outages,
+            "errors": self.errors,
+            "round_trips": self.round_trips,
+            "leases": sum(len(ids) for ids in self._held.values()) + self.fallback.held(),
+        }
+
+    async def close(self) -> None:
+        """Stop the background tasks and disconnect (held leases expire by themselves)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.aclose()

