@@ -323,6 +323,9 @@ class Daemon:
             intake=intake if isinstance(intake, IntakeMetrics) else None,
             spool=self.spool,
             over_backlog=lambda: self.engine.ctx.table.admission.over_backlog_keys(),
+            tokens=self.intake.pipe.read_fd,  # regulator: the workers take tokens from it
+            backlogged=self.intake.over_backlog,
+            inflow=self.intake.worker_counts,
         )
         await self.pool.start()  # stops what it started if it fails
         self._stack.push_async_callback(self.pool.stop)

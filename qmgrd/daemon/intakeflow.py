@@ -39,8 +39,13 @@ measured, not guessed; the relay is over capacity when either
   ``in_flow_lag_limit`` milliseconds (the loop is saturated: every more
   session slows every reply, every delivery and the control socket).
 
-The backlog half is also written to a :class:`SharedFlag` on each tick, for
-listeners in other processes (which add their own loop's lag).
+Listener worker processes (``smtpd_worker_processes`` > 1) run a
+:class:`WorkerRegulator` each: they inherit the pipe's read end (every
+worker takes tokens from the same pipe, as every Postfix smtpd does), the
+queue manager sends them the backlog half over the notify channel
+(``["backlog", bool]``, ``qmgrd.daemon.workers``), and each adds its own
+loop's lag and keeps its own session cap. Their gates' counters come back
+with their intake counts (``worker_counts``) and are added to the metrics.
 """
 
 from __future__ import annotations
@@ -48,9 +53,9 @@ from __future__ import annotations
 import array
 import asyncio
 import fcntl
-import mmap
 import os
 import termios
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -69,12 +74,13 @@ __all__ = [
     "REFILL_INTERVAL",
     "FlowSettings",
     "IntakeRegulator",
-    "SharedFlag",
+    "ProcessRegulator",
     "TokenPipe",
+    "WorkerRegulator",
     "refill",
 ]
 
-REFILL_INTERVAL = 0.1  # seconds between ticks: refill, shared flag, session cap
+REFILL_INTERVAL = 0.1  # seconds between ticks: refill, session cap
 
 
 def refill(have: int, limit: int, *, behind: bool, moved: int) -> int:
@@ -125,23 +131,6 @@ class TokenPipe:
                 os.close(fd)
 
 
-class SharedFlag:
-    """One byte of anonymous shared memory: set by the queue manager, read by forked workers."""
-
-    __slots__ = ("_map",)
-
-    def __init__(self) -> None:
-        self._map = mmap.mmap(-1, 1)  # MAP_SHARED | MAP_ANONYMOUS: survives fork
-
-    def set(self, value: bool) -> None:
-        """Write the flag."""
-        self._map[0] = 1 if value else 0
-
-    def get(self) -> bool:
-        """Read the flag."""
-        return self._map[0] != 0
-
-
 @dataclass(frozen=True, slots=True)
 class FlowSettings:
     """The intake regulation parameters (main.cf)."""
@@ -164,8 +153,86 @@ class FlowSettings:
         )
 
 
-class IntakeRegulator:
-    """Tokens, capacity and their metrics for one daemon (see the module doc)."""
+class ProcessRegulator:
+    """One process's intake gate: its tokens, capacity and session cap (module doc).
+
+    The queue manager's :class:`IntakeRegulator` and each listener worker's
+    :class:`WorkerRegulator` are one of these: the gate reads tokens from
+    ``fd`` (the pipe's read end, inherited by workers), capacity is
+    ``backlogged()`` or this process's loop lag over ``in_flow_lag_limit``,
+    and the session cap learns from this process's loop and live sessions.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        settings: FlowSettings,
+        *,
+        lag: LoopLag,
+        backlogged: Callable[[], bool],
+    ) -> None:
+        """``fd``: the token pipe's read end; ``backlogged``: over in_flow_backlog_limit now."""
+        self.settings = settings
+        self.lag = lag
+        self.backlogged = backlogged
+        self.gate = TokenGate(fd, delay=settings.in_flow_delay)
+        self.gate.overloaded = self.overloaded
+        self.gate.session_full = self.session_full
+        self.cap = SessionCap(ceiling=settings.session_limit, lag_limit=settings.lag_limit)
+        self.sessions: Callable[[], int] = lambda: 0  # live SMTP sessions (set by the owner)
+        self._tick: asyncio.TimerHandle | None = None
+
+    def configure(self, settings: FlowSettings) -> None:
+        """Reload: new limits apply to the next check, the new delay to the next message."""
+        self.settings = settings
+        self.gate.delay = settings.in_flow_delay
+        self.cap.configure(settings.session_limit, settings.lag_limit)
+
+    def overloaded(self) -> bool:
+        """Over capacity now (module doc): backlog at its limit or the loop lagging."""
+        if self.backlogged():
+            return True
+        lag_limit = self.settings.lag_limit
+        return lag_limit > 0 and self.lag.now() > lag_limit
+
+    def session_full(self) -> bool:
+        """The learned session cap is reached (``qmgrd.core.sessioncap``)."""
+        return not self.cap.admits(self.sessions())
+
+    def _refill(self) -> None:
+        """The queue manager's token refill (nothing in a worker)."""
+
+    def _on_tick(self) -> None:
+        self._refill()
+        self.cap.update(self.lag.clock(), self.lag.now(), self.sessions())
+        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
+
+    def start(self) -> None:
+        """Begin sampling the loop's lag and the ticks on the running loop."""
+        self.lag.start()
+        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
+
+    def stop(self) -> None:
+        """Stop the ticks and the gate."""
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        self.lag.stop()
+        self.gate.close()
+
+
+class WorkerRegulator(ProcessRegulator):
+    """A listener worker's regulator: the inherited pipe, the backlog flag the queue manager
+    sends (``["backlog", bool]``, ``qmgrd.daemon.ipc``), its own loop's lag and sessions."""
+
+    def __init__(self, fd: int, settings: FlowSettings) -> None:
+        """``fd``: the inherited read end of the queue manager's token pipe."""
+        self.over_backlog = False
+        super().__init__(fd, settings, lag=LoopLag(), backlogged=lambda: self.over_backlog)
+
+
+class IntakeRegulator(ProcessRegulator):
+    """The queue manager's regulator: the pipe it feeds, its backlog (see the module doc)."""
 
     def __init__(
         self,
@@ -176,37 +243,18 @@ class IntakeRegulator:
         lag: LoopLag,
     ) -> None:
         """``backlog``: messages the queue manager holds; ``behind``: some wait to be loaded."""
-        self.settings = settings
         self.backlog = backlog
         self.behind = behind
-        self.lag = lag
         self.pipe = TokenPipe()
-        self.flag = SharedFlag()
-        self.gate = TokenGate(self.pipe.read_fd, delay=settings.in_flow_delay)
-        self.gate.overloaded = self.overloaded
-        self.gate.session_full = self.session_full
-        self.cap = SessionCap(ceiling=settings.session_limit, lag_limit=settings.lag_limit)
-        self.sessions: Callable[[], int] = lambda: 0  # live SMTP sessions (set by the daemon)
+        super().__init__(self.pipe.read_fd, settings, lag=lag, backlogged=self.over_backlog)
+        self.worker_counts: Counter[str] = Counter()  # the workers' gates' counters, summed
         self._moved = 0
-        self._tick: asyncio.TimerHandle | None = None
         self.pipe.put(settings.token_limit)
 
-    def configure(self, settings: FlowSettings) -> None:
-        """Reload: new limits apply to the next check, the new delay to the next message."""
-        self.settings = settings
-        self.gate.delay = settings.in_flow_delay
-        self.cap.configure(settings.session_limit, settings.lag_limit)
-
-    def overloaded(self) -> bool:
-        """Over capacity now (module doc): backlog at its limit or the loop lagging."""
-        s = self.settings
-        if s.backlog_limit and self.backlog() >= s.backlog_limit:
-            return True
-        return s.lag_limit > 0 and self.lag.now() > s.lag_limit
-
-    def session_full(self) -> bool:
-        """The learned session cap is reached (``qmgrd.core.sessioncap``)."""
-        return not self.cap.admits(self.sessions())
+    def over_backlog(self) -> bool:
+        """The queue manager holds ``in_flow_backlog_limit`` messages or more."""
+        limit = self.settings.backlog_limit
+        return bool(limit) and self.backlog() >= limit
 
     def incoming_moved(self) -> None:
         """The queue manager moved a message out of ``incoming/`` (the loader's hook)."""
@@ -222,29 +270,17 @@ class IntakeRegulator:
         elif change < 0:
             self.pipe.take(-change)
 
-    def _on_tick(self) -> None:
-        s = self.settings
-        self._refill()
-        self.cap.update(self.lag.clock(), self.lag.now(), self.sessions())
-        self.flag.set(bool(s.backlog_limit) and self.backlog() >= s.backlog_limit)
-        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
-
     def start(self) -> None:
         """Begin sampling the loop's lag and refilling on the running loop (again after stop)."""
         if self.pipe.closed:  # a daemon started again: a fresh, full pipe
             self.pipe = TokenPipe()
             self.gate.fd = self.pipe.read_fd
             self.pipe.put(self.settings.token_limit)
-        self.lag.start()
-        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
+        super().start()
 
     def stop(self) -> None:
         """Stop the ticks and the gate, close the pipe."""
-        if self._tick is not None:
-            self._tick.cancel()
-            self._tick = None
-        self.lag.stop()
-        self.gate.close()
+        super().stop()
         self.pipe.close()
 
 
@@ -261,15 +297,17 @@ class FlowCollector(Collector):
         refused = CounterMetricFamily(
             "qmgrd_intake_overload_refusals",
             "Sessions and messages refused with 421 4.3.2 because the relay was over capacity.",
-            value=gate.refused,
+            value=gate.refused + self.regulator.worker_counts["refused"],
         )
         paused = CounterMetricFamily(
             "qmgrd_intake_flow_pauses",
             "Messages that waited for an in_flow_delay token, by how the wait ended.",
             labels=("outcome",),
         )
-        paused.add_metric(("token",), gate.paused - gate.timeouts)
-        paused.add_metric(("timeout",), gate.timeouts)
+        workers = self.regulator.worker_counts
+        timeouts = gate.timeouts + workers["timeout"]
+        paused.add_metric(("token",), gate.paused + workers["paused"] - timeouts)
+        paused.add_metric(("timeout",), timeouts)
         cap = GaugeMetricFamily(
             "qmgrd_intake_session_cap",
             "Sessions admitted at most now: learned from the event loop's lag "
@@ -281,16 +319,16 @@ class FlowCollector(Collector):
         )
         tokens.add_metric((), self.regulator.pipe.count())
         counts = self.pool.counts()
-        workers = GaugeMetricFamily(
+        threads = GaugeMetricFamily(
             "qmgrd_workpool_workers",
             "Threads of the regulated spool work pool by state (qmgrd.core.regulator).",
             labels=("state",),
         )
         for state in ("running", "blocked", "waiting", "parked"):
-            workers.add_metric((state,), getattr(counts, state))
+            threads.add_metric((state,), getattr(counts, state))
         queued = GaugeMetricFamily("qmgrd_workpool_queued", "Spool jobs waiting for a thread.")
         queued.add_metric((), counts.queued)
-        yield from (refused, paused, cap, tokens, workers, queued)
+        yield from (refused, paused, cap, tokens, threads, queued)
 
 
 def intake_regulator(

@@ -20,13 +20,18 @@ with ``accepted`` true also re-read the configuration, which the queue
 manager has already checked and applied); the worker answers ``["hup-done"]``
 once it has. ``["over", [key, ...]]``: the fair-admission flow keys now over
 ``qmgr_flow_backlog_limit`` (sent when the set changes and to a new worker).
+``["backlog", over]``: whether the queue manager holds ``in_flow_backlog_limit``
+messages or more (the regulator's capacity; same rule: on change and to a
+new worker).
 
 Intake metrics cross the channel as counts, not events: a worker's
 :class:`CountingIntake` (the listener's ``IntakeObserver``) adds up its
 events and sends the deltas at most every ``FLUSH_DELAY`` seconds (and at
 stop); the queue manager adds them to its Prometheus series with
 :func:`apply_counts`. Count names: ``connections``, ``messages``,
-``recipients``, ``reject:<reason>``, ``auth:<mechanism>``.
+``recipients``, ``reject:<reason>``, ``auth:<mechanism>``, and the worker's
+intake gate's counters ``inflow:paused``, ``inflow:timeout``,
+``inflow:refused`` (``qmgrd.listener.inflow``; :func:`inflow_counts`).
 
 ``parse(line)`` returns the decoded array or raises ``ValueError`` for a
 line that is not one (a bug in the worker: the queue manager logs it and
@@ -43,19 +48,23 @@ from typing import Any
 
 from qmgrd.daemon.metrics_intake import AUTH_MECHANISMS, REJECT_REASONS, IntakeMetrics
 from qmgrd.daemon.metrics_intake import reject_reason as _reject_reason
+from qmgrd.listener.inflow import TokenGate
 from qmgrd.listener.observer import Committed
 
 __all__ = [
     "FLUSH_DELAY",
+    "INFLOW_COUNTS",
     "CountingIntake",
     "apply_counts",
     "commit_from",
     "encode",
     "encode_commit",
+    "inflow_counts",
     "parse",
 ]
 
 FLUSH_DELAY = 0.05  # seconds a worker's intake counts may wait before they are sent
+INFLOW_COUNTS = ("paused", "timeout", "refused")  # a worker's TokenGate counters, in order
 
 
 def encode(*fields: Any) -> bytes:
@@ -91,7 +100,7 @@ def commit_from(fields: list[Any]) -> Committed:
 class CountingIntake:
     """A worker's ``IntakeObserver``: counts events and sends them as ``s`` messages."""
 
-    __slots__ = ("_counts", "_handle", "_send", "sessions")
+    __slots__ = ("_counts", "_gate_sent", "_handle", "_send", "gate", "sessions")
 
     def __init__(self, send: Callable[[bytes], None]) -> None:
         """``send`` writes one encoded message to the channel."""
@@ -99,6 +108,8 @@ class CountingIntake:
         self._counts: Counter[str] = Counter()
         self._handle: asyncio.TimerHandle | None = None
         self.sessions = 0
+        self.gate: TokenGate | None = None  # the worker's intake gate: its counters ride along
+        self._gate_sent = (0, 0, 0)  # paused, timeout, refused as last sent
 
     def _add(self, name: str, n: int = 1) -> None:
         self._counts[name] += n
@@ -114,6 +125,12 @@ class CountingIntake:
             self._handle.cancel()
             self._handle = None
         counts, self._counts = self._counts, Counter()
+        if self.gate is not None:
+            now = (self.gate.paused, self.gate.timeouts, self.gate.refused)
+            for name, new, old in zip(INFLOW_COUNTS, now, self._gate_sent, strict=True):
+                if new > old:
+                    counts["inflow:" + name] = new - old
+            self._gate_sent = now
         self._send(encode("s", dict(counts), self.sessions))
 
     def connected(self) -> None:
@@ -149,6 +166,18 @@ class CountingIntake:
     def auth_failed(self, mechanism: str) -> None:
         """An AUTH exchange failed."""
         self._add("auth:" + mechanism.upper())
+
+
+def inflow_counts(counts: object) -> dict[str, int]:
+    """The ``inflow:`` counts of an ``s`` message (a worker's intake gate), by counter name."""
+    if not isinstance(counts, dict):
+        raise ValueError(f"bad intake counts: {counts!r}")
+    out: dict[str, int] = {}
+    for name, n in counts.items():
+        kind, _, label = str(name).partition(":")
+        if kind == "inflow" and label in INFLOW_COUNTS and isinstance(n, int) and n > 0:
+            out[label] = n
+    return out
 
 
 def apply_counts(intake: IntakeMetrics, counts: object) -> None:

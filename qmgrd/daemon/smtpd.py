@@ -2,7 +2,7 @@
 
 Started by the queue manager (``qmgrd.daemon.workers``) as ``python -m
 qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
---spool DIR --listen SERVICE=FD[,FD...]...``; never by hand. It:
+--spool DIR [--tokens FD] --listen SERVICE=FD[,FD...]...``; never by hand. It:
 
 - is named ``qmgrd-smtpd`` (``PR_SET_NAME``) and dies with its parent:
   ``PR_SET_PDEATHSIG`` (SIGKILL) on Linux, and a parent that is already
@@ -24,6 +24,13 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
 - runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
   flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
   such flows the queue manager sends (``["over", keys]``) when it changes;
+- runs the regulator's intake gate (``intakeflow.WorkerRegulator``) when
+  given ``--tokens FD``, the inherited read end of the queue manager's
+  ``in_flow_delay`` token pipe: each MAIL takes a token from that pipe
+  (waiting up to ``in_flow_delay``), ``421 4.3.2`` while the queue manager
+  says it is over ``in_flow_backlog_limit`` (``["backlog", bool]``) or this
+  loop lags past ``in_flow_lag_limit``, and the learned session cap of this
+  loop (``qmgrd.core.sessioncap``);
 - on ``hup`` reopens its log file and, when the queue manager accepted the
   reload, re-reads the configuration (a failure keeps the running settings,
   logged); on SIGTERM or end of channel it stops accepting, disconnects its
@@ -50,6 +57,7 @@ from pathlib import Path
 from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
+from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
 from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
 from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.errors import ConfigError, QmgrdError
@@ -88,6 +96,7 @@ def _arguments(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--spool", type=Path, required=True)
     parser.add_argument("--listen", action="append", default=[])
+    parser.add_argument("--tokens", type=int, default=None)
     return parser.parse_args(argv)
 
 
@@ -150,6 +159,11 @@ class Worker:
         self.intake = CountingIntake(self.send)
         self.group: ListenerGroup | None = None
         self.gate = WorkerFlowGate(cfg)
+        self.regulator: WorkerRegulator | None = None
+        if args.tokens is not None:  # regulator: the queue manager's token pipe, inherited
+            self.regulator = WorkerRegulator(args.tokens, FlowSettings.from_config(cfg))
+            self.regulator.sessions = lambda: self.intake.sessions
+            self.intake.gate = self.regulator.gate
 
     def send(self, data: bytes) -> None:
         """Queue one message to the queue manager (dropped once the channel is closed)."""
@@ -177,12 +191,18 @@ class Worker:
             sockets=_sockets(self.args.listen),
             accept_batch=WORKER_ACCEPT_BATCH,
         )
+        if self.regulator is not None:  # regulator: on this process's own loop
+            for handle in (self.group.main, *self.group.services.values()):
+                handle.ctx.inflow = self.regulator.gate
+            self.regulator.start()
         self.send(encode("ready"))
         commands = loop.create_task(self._commands(reader))
         try:
             await self.stop.wait()
         finally:
             commands.cancel()
+            if self.regulator is not None:
+                self.regulator.stop()
             await self.group.aclose()
             self.intake.flush()
             with contextlib.suppress(ConnectionError):
@@ -200,6 +220,8 @@ class Worker:
                     continue
                 if fields[0] == "over":
                     self.gate.over = frozenset(str(k) for k in fields[1])
+                elif fields[0] == "backlog" and self.regulator is not None:
+                    self.regulator.over_backlog = fields[1] is True
                 elif fields[0] == "hup":
                     reopen_logs()
                     if len(fields) > 1 and fields[1] is True:
@@ -215,6 +237,7 @@ class Worker:
             cfg = load_config(self.args.config_dir)
             settings = listener_settings(cfg, cleanup=CleanupSettings.from_config(cfg))
             gate = WorkerFlowGate(cfg)
+            flow = FlowSettings.from_config(cfg)
         except (ConfigError, ValueError) as exc:
             self.log.error(f"reload refused, keeping the running configuration: {exc}")
             return
@@ -224,6 +247,8 @@ class Worker:
         if self.group is not None:
             for handle in (self.group.main, *self.group.services.values()):
                 handle.ctx.gate = gate
+        if self.regulator is not None:
+            self.regulator.configure(flow)  # regulator: in_flow_* settings
         if self.group is not None:
             self.group.update(settings)
 

@@ -40,7 +40,13 @@ waiting in the queue.
 - Fair admission: every ``OVER_REFRESH`` seconds ``over_backlog()`` (the flow
   keys over ``qmgr_flow_backlog_limit``) is compared with what the workers
   have; a change is sent to all (``["over", keys]``), and the current set to
-  a worker that starts.
+  a worker that starts. The regulator's backlog half (``backlogged()``: over
+  ``in_flow_backlog_limit``) goes the same way (``["backlog", bool]``).
+- Intake regulation: ``tokens``, the read end of the queue manager's
+  ``in_flow_delay`` token pipe, is inherited by every worker like the
+  listening sockets (``--tokens FD``), so each worker's sessions take their
+  tokens from the pipe the queue manager feeds; the workers' gate counters
+  (``inflow:`` counts) are added to ``inflow``.
 - ``pids`` and ``sessions`` show the live workers (control and tests).
 """
 
@@ -53,13 +59,14 @@ import signal
 import socket
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config
-from qmgrd.daemon.ipc import apply_counts, commit_from, encode, parse
+from qmgrd.daemon.ipc import apply_counts, commit_from, encode, inflow_counts, parse
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.errors import ConfigError, SpoolError
 from qmgrd.listener.observer import Committed
@@ -119,6 +126,9 @@ class WorkerPool:
         intake: IntakeMetrics | None = None,
         spool: Spool,
         over_backlog: Callable[[], frozenset[str]] = frozenset,
+        tokens: int | None = None,
+        backlogged: Callable[[], bool] = lambda: False,
+        inflow: Counter[str] | None = None,
     ) -> None:
         """Prepare ``count`` workers serving ``sockets`` (nothing runs before ``start``)."""
         self.config_dir = config_dir
@@ -129,7 +139,11 @@ class WorkerPool:
         self.intake = intake
         self.spool = spool
         self.over_backlog = over_backlog
+        self.tokens = tokens  # regulator: the in_flow_delay pipe's read end (inherited)
+        self.backlogged = backlogged  # regulator: over in_flow_backlog_limit
+        self.inflow = inflow  # regulator: the workers' gate counters, summed
         self._over: frozenset[str] = frozenset()
+        self._backlog = False
         self._refresh: asyncio.Task[None] | None = None
         self.workers: dict[int, _Worker] = {}
         self.log = get_logger("master")
@@ -171,6 +185,9 @@ class WorkerPool:
             "--slots", str(self.count + 1), "--parent", str(os.getpid()),
             "--spool", str(self.spool.root),
         ]  # fmt: skip
+        if self.tokens is not None:  # regulator: every worker reads the same token pipe
+            args += ["--tokens", str(self.tokens)]
+            fds.append(self.tokens)
         for service, socks in self.sockets.items():
             args += ["--listen", f"{service}=" + ",".join(str(s.fileno()) for s in socks)]
             fds += [s.fileno() for s in socks]
@@ -252,6 +269,8 @@ class WorkerPool:
             elif kind == "s":
                 if self.intake is not None:
                     apply_counts(self.intake, fields[1])
+                if self.inflow is not None:
+                    self.inflow.update(inflow_counts(fields[1]))
                 worker.sessions = int(fields[2])
                 if self.intake is not None:
                     self.intake.sessions.set(self.sessions)
@@ -263,6 +282,8 @@ class WorkerPool:
                     worker.ready.set_result(None)
                 if self._over:
                     worker.writer.write(encode("over", sorted(self._over)))
+                if self._backlog:
+                    worker.writer.write(encode("backlog", True))
             else:
                 raise ValueError(f"unknown notify message {kind!r}")
         except (ValueError, TypeError, IndexError) as exc:
@@ -287,10 +308,16 @@ class WorkerPool:
             over = self.over_backlog()
             if over != self._over:
                 self._over = over
-                message = encode("over", sorted(over))
-                for worker in self.workers.values():
-                    if not worker.writer.is_closing():
-                        worker.writer.write(message)
+                self._broadcast(encode("over", sorted(over)))
+            backlog = self.backlogged()
+            if backlog != self._backlog:
+                self._backlog = backlog
+                self._broadcast(encode("backlog", backlog))
+
+    def _broadcast(self, message: bytes) -> None:
+        for worker in self.workers.values():
+            if not worker.writer.is_closing():
+                worker.writer.write(message)
 
     def hup(self, accepted: bool) -> list[asyncio.Future[None]]:
         """SIGHUP: every worker reopens its log, and re-reads the configuration if ``accepted``.

@@ -16,7 +16,6 @@ message arrives exactly once and the spool empties.
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 from qmgrd.daemon.control import control_socket_path
@@ -24,44 +23,11 @@ from qmgrd.ops.client import call
 from tests.integration.e2e import running_daemon
 from tests.integration.sinks import SinkConfig, smtp_sink
 from tests.support.config import write_config
+from tests.support.onemessage import one_message
 from tests.support.waits import TIMEOUT
 
 LIMIT = 5
 OFFERED = 3 * LIMIT
-_QUEUED = re.compile(r"^250 2\.0\.0 Ok: queued as (\S+)")
-
-
-async def _reply(reader: asyncio.StreamReader) -> str:
-    """One SMTP reply (its last line), bounded."""
-    while True:
-        line = (await asyncio.wait_for(reader.readline(), TIMEOUT)).decode().rstrip("\r\n")
-        if not line or line[3:4] != "-":
-            return line
-
-
-async def _one_message(port: int, n: int) -> tuple[str, str]:
-    """Send one message in its own session: ("accepted", id) or ("refused", the 421 line)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        greeting = await _reply(reader)
-        if greeting.startswith("421"):
-            return "refused", greeting
-        for line in ("EHLO client.test", f"MAIL FROM:<s{n}@src.test>"):
-            writer.write(line.encode() + b"\r\n")
-            reply = await _reply(reader)
-            if reply.startswith("421"):
-                return "refused", reply
-        for line in (f"RCPT TO:<r{n}@dst.test>", "DATA"):
-            writer.write(line.encode() + b"\r\n")
-            await _reply(reader)
-        writer.write(f"Subject: m{n}\r\nX-N: {n}\r\n\r\nbody {n}\r\n.\r\n".encode())
-        end = await _reply(reader)
-        match = _QUEUED.match(end)
-        assert match, f"message {n}: unexpected reply {end!r}"
-        writer.write(b"QUIT\r\n")
-        return "accepted", match.group(1)
-    finally:
-        writer.close()
 
 
 async def test_overload_gets_421_and_loses_nothing(tmp_path: Path) -> None:
@@ -73,13 +39,13 @@ async def test_overload_gets_421_and_loses_nothing(tmp_path: Path) -> None:
         )
         async with running_daemon(conf) as d:
             # A first message makes sure deliveries are stalled before the flood.
-            first = await _one_message(d.port, 0)
+            first = await one_message(d.port, 0)
             assert first[0] == "accepted"
             await sink.wait_stalled("MAIL")
             outcomes: list[tuple[str, str]] = []
             for wave in range(1, OFFERED, LIMIT):  # waves of LIMIT sessions at once
                 batch = range(wave, min(wave + LIMIT, OFFERED))
-                outcomes += await asyncio.gather(*(_one_message(d.port, n) for n in batch))
+                outcomes += await asyncio.gather(*(one_message(d.port, n) for n in batch))
             accepted = [first[1]] + [v for kind, v in outcomes if kind == "accepted"]
             refused = [v for kind, v in outcomes if kind == "refused"]
             assert refused, "nothing was refused past capacity"

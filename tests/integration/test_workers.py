@@ -26,6 +26,7 @@ from qmgrd.spool.records import Envelope, RecipientSpec
 from tests.integration.e2e import commit, offline_spool
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
 from tests.support.config import free_port, write_config
+from tests.support.onemessage import one_message
 from tests.support.process import DaemonProcess
 from tests.support.waits import wait_until
 
@@ -337,3 +338,78 @@ async def _wait_refused(relay: Relay) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("MAIL FROM of the flow over its backlog was never refused")
+
+
+async def test_in_flow_delay_paces_mail_in_the_workers_from_the_queue_managers_pipe(
+    tmp_path: Path,
+) -> None:
+    """in_flow_delay with workers: they take their tokens from the pipe the queue manager
+    feeds. It holds one token (default_process_limit = 1) and gets none back while the queue
+    manager is behind (mail waits to be loaded, none moves out of incoming/): the first MAIL
+    takes it (the queue manager's pipe is then empty), the next waits in_flow_delay for one
+    that never comes and goes on (Postfix's behaviour), counted as a pause that timed out."""
+
+    def queue_backlog(conf: Path) -> None:  # one to deliver (held by the sink), 3 waiting
+        spool = offline_spool(conf)
+        for i in range(4):
+            commit(spool, "a@a.test", [f"a{i}@dst.test"], arrival_time=1e9)
+
+    timeouts = 'qmgrd_intake_flow_pauses_total{outcome="timeout"}'
+    async with _relay(
+        tmp_path,
+        2,
+        "qmgr_message_active_limit = 1\ndefault_process_limit = 1\nin_flow_delay = 1s\n",
+        SinkConfig(stall=frozenset({"MAIL"})),
+        queue_backlog,
+    ) as (relay, sink):
+        await sink.wait_stalled("MAIL", 1, TIMEOUT)
+        assert relay.metric(timeouts) == 0
+        for i in range(3):
+            await relay.send(f"paced{i}")
+        await wait_until(lambda: relay.metric(timeouts) >= 2, "the workers' pauses to count")
+        assert relay.metric("qmgrd_intake_flow_tokens") == 0  # the workers emptied its pipe
+        assert "qmgrd/smtpd[" in relay.log()
+        sink.release()
+        await wait_until(lambda: len(sink.messages) == 7, "every message to be delivered")
+
+
+async def test_in_flow_backlog_limit_gets_421_from_the_workers_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    """in_flow_backlog_limit with workers: past it (deliveries stalled, so accepted mail stays
+    with the queue manager) the workers answer 421 4.3.2; every accepted message is delivered
+    exactly once once the sink is released, and the spool empties."""
+    limit = 3
+    async with _relay(
+        tmp_path,
+        2,
+        f"in_flow_backlog_limit = {limit}\n",
+        SinkConfig(stall=frozenset({"MAIL"})),
+    ) as (relay, sink):
+        outcomes = [await one_message(relay.port, 0)]
+        assert outcomes[0][0] == "accepted"
+        await sink.wait_stalled("MAIL", 1, TIMEOUT)
+        for n in range(1, 200):  # bounded: until the flag reached a worker, and a few more
+            outcomes.append(await one_message(relay.port, n))
+            refused = [v for kind, v in outcomes if kind == "refused"]
+            if len(refused) >= 4:
+                break
+            if outcomes[-1][0] == "accepted":
+                await asyncio.sleep(0.05)  # let the commit reach the queue manager's count
+        accepted = [v for kind, v in outcomes if kind == "accepted"]
+        assert len(refused) >= 4, outcomes
+        assert all(r == "421 4.3.2 Service currently unavailable" for r in refused)
+        assert len(accepted) >= limit  # capacity was used before refusing
+        await wait_until(
+            lambda: relay.metric("qmgrd_intake_overload_refusals_total") >= len(refused),
+            "the workers' refusals to count",
+        )
+        sink.release()
+        await wait_until(lambda: len(sink.messages) == len(accepted), "the accepted mail")
+        spool = offline_spool(relay.conf)
+        await wait_until(
+            lambda: not any(spool.list_ids(q) for q in ("incoming", "active", "deferred")),
+            "the spool to empty",
+        )
+    subjects = sorted(m.content.split(b"Subject: ")[1].split(b"\r\n")[0] for m in sink.messages)
+    assert len(subjects) == len(set(subjects)) == len(accepted)  # each exactly once
