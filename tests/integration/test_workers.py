@@ -347,7 +347,9 @@ async def test_in_flow_delay_paces_mail_in_the_workers_from_the_queue_managers_p
     feeds. It holds one token (default_process_limit = 1) and gets none back while the queue
     manager is behind (mail waits to be loaded, none moves out of incoming/): the first MAIL
     takes it (the queue manager's pipe is then empty), the next waits in_flow_delay for one
-    that never comes and goes on (Postfix's behaviour), counted as a pause that timed out."""
+    that never comes and goes on (Postfix's behaviour), counted as a pause that timed out.
+    The relay starts with in_flow_delay = 0 (no pacing, no token taken): the workers apply
+    the 1s of a SIGHUP reload."""
 
     def queue_backlog(conf: Path) -> None:  # one to deliver (held by the sink), 3 waiting
         spool = offline_spool(conf)
@@ -358,11 +360,18 @@ async def test_in_flow_delay_paces_mail_in_the_workers_from_the_queue_managers_p
     async with _relay(
         tmp_path,
         2,
-        "qmgr_message_active_limit = 1\ndefault_process_limit = 1\nin_flow_delay = 1s\n",
+        "qmgr_message_active_limit = 1\ndefault_process_limit = 1\nin_flow_delay = 0\n",
         SinkConfig(stall=frozenset({"MAIL"})),
         queue_backlog,
     ) as (relay, sink):
         await sink.wait_stalled("MAIL", 1, TIMEOUT)
+        for i in range(3):
+            await relay.send(f"unpaced{i}")
+        assert relay.metric("qmgrd_intake_flow_tokens") == 1  # in_flow_delay = 0: none taken
+        main_cf = relay.conf / "main.cf"
+        main_cf.write_text(main_cf.read_text() + "in_flow_delay = 1s\n")
+        relay.proc.send_signal(signal.SIGHUP)
+        await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
         assert relay.metric(timeouts) == 0
         for i in range(3):
             await relay.send(f"paced{i}")
@@ -370,7 +379,7 @@ async def test_in_flow_delay_paces_mail_in_the_workers_from_the_queue_managers_p
         assert relay.metric("qmgrd_intake_flow_tokens") == 0  # the workers emptied its pipe
         assert "qmgrd/smtpd[" in relay.log()
         sink.release()
-        await wait_until(lambda: len(sink.messages) == 7, "every message to be delivered")
+        await wait_until(lambda: len(sink.messages) == 10, "every message to be delivered")
 
 
 async def test_in_flow_backlog_limit_gets_421_from_the_workers_and_loses_nothing(

@@ -10,7 +10,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from qmgrd.config import load_config
-from qmgrd.daemon.ipc import CountingIntake, apply_counts, commit_from, encode_commit, parse
+from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
+from qmgrd.daemon.ipc import (
+    CountingIntake,
+    apply_counts,
+    commit_from,
+    encode_commit,
+    inflow_counts,
+    parse,
+)
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.daemon.workers import worker_count
 from qmgrd.errors import ConfigError
@@ -87,3 +95,28 @@ def test_a_bad_worker_count_is_a_config_error(tmp_path: Path, value: str) -> Non
     cfg = load_config(write_config(tmp_path, f"smtpd_worker_processes = {value}\n"))
     with pytest.raises(ConfigError, match="smtpd_worker_processes"):
         worker_count(cfg)
+
+
+async def test_a_workers_gate_counters_ride_with_its_intake_counts() -> None:
+    """The worker's in_flow_delay pauses, timeouts and 421 refusals are sent as deltas
+    (``inflow:`` counts) and read back by name; nothing is sent twice."""
+    sent: list[bytes] = []
+    counting = CountingIntake(sent.append)
+    read_fd, write_fd = os.pipe()
+    try:
+        regulator = WorkerRegulator(read_fd, FlowSettings(in_flow_delay=0.01))
+        counting.gate = regulator.gate
+        regulator.over_backlog = True  # the queue manager said so
+        assert not regulator.gate.admit_session()
+        regulator.over_backlog = False
+        assert await regulator.gate.admit_message()  # no token: waits, times out, goes on
+        counting.flush()
+        assert inflow_counts(parse(sent[-1])[1]) == {"paused": 1, "timeout": 1, "refused": 1}
+        os.write(write_fd, b"t")
+        assert await regulator.gate.admit_message()  # a token: no pause
+        counting.flush()
+        assert inflow_counts(parse(sent[-1])[1]) == {}
+        regulator.stop()
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
