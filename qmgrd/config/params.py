@@ -876,8 +876,7 @@ _TABLE: tuple[Param, ...] = (
         _S,
         "1",
         "SMTP listener processes sharing the listening sockets (auto = one per CPU core; "
-        "0 or 1 = the listener runs in the queue manager's process; workers do not apply "
-        "in_flow_delay and the overload 421 yet); changes need a restart",
+        "0 or 1 = the listener runs in the queue manager's process); changes need a restart",
         qmgrd_only=True,
     ),
     # --- fair queuing between flows (qmgrd only; qmgrd.daemon.flows, qmgrd.core.fairq) ---

@@ -31,8 +31,9 @@ process (``qmgrd.daemon.intakeflow`` is the queue manager's side):
    ``read``. Inherited over ``fork`` or passed with ``SCM_RIGHTS``;
 2. ``overloaded()``, a callable answering whether the relay is over
    capacity now (in one process a closure over the queue manager's state
-   and this loop's lag; in a worker, over a shared flag the queue manager
-   sets, ``intakeflow.SharedFlag``, and that worker's own loop lag);
+   and this loop's lag; in a worker, over the backlog verdict the queue
+   manager sends over the notify channel, ``intakeflow.WorkerRegulator``,
+   and that worker's own loop lag);
 3. ``session_full()``, a callable: this process's session cap, learned from
    its own loop's lag and its own live sessions (nothing shared).
 
