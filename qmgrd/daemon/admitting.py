@@ -74,13 +74,20 @@ class AdmissionSettings:
 
 
 def admission_settings(
-    cfg: Config, warn: Callable[[str], None] = lambda _text: None
+    cfg: Config,
+    warn: Callable[[str], None] = lambda _text: None,
+    *,
+    fairness: FairnessSettings | None = None,
 ) -> AdmissionSettings:
-    """Fair admission's parameters (see the module doc); ConfigError for a bad weight table."""
+    """Fair admission's parameters (see the module doc); ConfigError for a bad weight table.
+
+    ``fairness``: settings already built from the same ``cfg`` (the composition root builds them
+    once for delivery and admission, so the weight tables are opened once).
+    """
     rate = cfg.get_int("qmgr_flow_message_rate_limit")
     unit = max(1, cfg.get_time("qmgr_flow_rate_time_unit"))
     return AdmissionSettings(
-        fairness=fairness_settings(cfg, warn),
+        fairness=fairness if fairness is not None else fairness_settings(cfg, warn),
         limits=FlowLimits(
             active_limit=cfg.get_int("qmgr_flow_active_limit"),
             rate=rate / unit if rate > 0 else 0.0,

@@ -121,7 +121,7 @@ def create_engine(
     settings = engine_settings(cfg)
     params = transport_params_fn(cfg, warn)
     fairness = fairness_settings(cfg, warn)
-    admission = admission_settings(cfg, warn)
+    admission = admission_settings(cfg, fairness=fairness)
     engine = Engine(
         settings=settings,
         spool=spool or Spool(settings.queue_directory),
@@ -156,7 +156,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         sched = scheduler_params(cfg)
         fairness = fairness_settings(cfg, lambda text: log.warning(text))
         agents = create_agents(cfg)
-        admission = admission_settings(cfg, lambda text: log.warning(text))
+        admission = admission_settings(cfg, fairness=fairness)
         gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
     except (ConfigError, ValueError) as exc:
         log.error(f"reload refused, keeping the running configuration: {exc}")
