@@ -6,6 +6,11 @@ short host name and ``syslog_name``; it returns the ``LogOutput`` the caller
 closes at exit. Every process of the daemon (the queue manager and each
 listener worker) opens its own, so its lines carry its own pid.
 
+``die_with_parent(parent, name)`` (every worker process, first thing): the
+process gets SIGKILL when its parent dies (``PR_SET_PDEATHSIG``, Linux) and
+exits at once if the parent is already gone; it is named ``name``
+(``PR_SET_NAME``: ``ps -o comm``, top, the bench's per-process CPU figures).
+
 ``loop_factory()`` is uvloop's loop when uvloop is installed (None: plain
 asyncio), for ``asyncio.Runner``.
 """
@@ -13,6 +18,10 @@ asyncio), for ``asyncio.Runner``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +29,10 @@ from qmgrd.config import Config
 from qmgrd.errors import ConfigError
 from qmgrd.log import LogOutput, configure_logging
 
-__all__ = ["loop_factory", "open_log_output"]
+__all__ = ["die_with_parent", "loop_factory", "open_log_output"]
+
+_PR_SET_NAME = 15
+_PR_SET_PDEATHSIG = 1
 
 
 def open_log_output(cfg: Config) -> LogOutput:
@@ -34,6 +46,19 @@ def open_log_output(cfg: Config) -> LogOutput:
         hostname=cfg.get_str("myhostname").split(".")[0],
         program=cfg.get_str("syslog_name"),
     )
+
+
+def die_with_parent(parent: int, name: str) -> None:
+    """SIGKILL this process when its parent dies (Linux); exit now if it is already gone.
+
+    It also names the process ``name``; its command line stays the python one.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_NAME, name.encode(), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

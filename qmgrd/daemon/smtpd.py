@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
-import os
 import signal
 import socket
 import sys
@@ -59,7 +57,7 @@ from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
 from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
 from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
-from qmgrd.daemon.process import loop_factory, open_log_output
+from qmgrd.daemon.process import die_with_parent, loop_factory, open_log_output
 from qmgrd.errors import ConfigError, QmgrdError
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.group import ListenerGroup
@@ -68,23 +66,7 @@ from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger, reopen_logs
 from qmgrd.spool import QueueIdGenerator, Spool
 
-_PR_SET_NAME = 15
-_PR_SET_PDEATHSIG = 1
 WORKER_ACCEPT_BATCH = 4  # connections per wake-up: workers share each listening socket
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux); exit now if it is already gone.
-
-    It also names the process ``qmgrd-smtpd`` (``ps -o comm``, top, the bench's per-process
-    CPU figures); its command line stays the python one.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        libc.prctl(_PR_SET_NAME, b"qmgrd-smtpd", 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _arguments(argv: Sequence[str]) -> argparse.Namespace:
@@ -256,7 +238,7 @@ class Worker:
 def main(argv: Sequence[str] | None = None) -> int:
     """The worker process (module doc); its exit status."""
     args = _arguments(sys.argv[1:] if argv is None else argv)
-    _die_with_parent(args.parent)
+    die_with_parent(args.parent, "qmgrd-smtpd")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop's handlers take over
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
