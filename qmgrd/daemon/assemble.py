@@ -52,6 +52,7 @@ from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
 from qmgrd.daemon.destgate import GateSettings, create_gate
+from qmgrd.daemon.dpool import DeliveryPool, remote_agents
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.flows import fairness_settings
 from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
@@ -139,7 +140,12 @@ def create_engine(
     return engine
 
 
-def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
+def reload_engine(
+    engine: Engine,
+    config_dir: Path,
+    running: Config | None = None,
+    make_agents: Callable[[Config], dict[str, Agent]] = create_agents,
+) -> Config | None:
     """SIGHUP: re-read main.cf and master.cf and apply them; None (old config kept) on error.
 
     Everything is built before anything is swapped in, so a bad file changes
@@ -155,7 +161,7 @@ def reload_engine(engine: Engine, config_dir: Path, running: Config | None = Non
         resolver = Resolver(resolver_settings(cfg, _read_text))
         sched = scheduler_params(cfg)
         fairness = fairness_settings(cfg, lambda text: log.warning(text))
-        agents = create_agents(cfg)
+        agents = make_agents(cfg)
         admission = admission_settings(cfg, fairness=fairness)
         gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
     except (ConfigError, ValueError) as exc:
@@ -188,12 +194,20 @@ class Daemon:
         fsync: bool = True,
         agents: dict[str, Agent] | None = None,
         workers: int = 0,
+        delivery_workers: int = 0,
     ) -> None:
         """Build (not start) every part; ``agents`` replaces master.cf's agents (tests).
 
-        ``workers`` > 1: that many listener processes (module doc).
+        ``workers`` > 1: that many listener processes; ``delivery_workers`` > 0 (without
+        ``agents``): that many delivery processes (module doc).
         """
         self.cfg = cfg
+        self.delivery: DeliveryPool | None = None  # delivery processes (qmgrd.daemon.dpool)
+        self._make_agents: Callable[[Config], dict[str, Agent]] = create_agents
+        if delivery_workers > 0 and agents is None:
+            pool = self.delivery = DeliveryPool(cfg.config_dir, delivery_workers)
+            self._make_agents = lambda c: remote_agents(c, pool, create_agents)
+            agents = self._make_agents(cfg)
         self.workers = workers if workers > 1 else 0
         self.spool = Spool(
             cfg.get_path("queue_directory"),
@@ -244,6 +258,13 @@ class Daemon:
         self.intake.start()
         self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
+        if self.delivery is not None:  # ready before the first delivery, stopped after the last
+            try:
+                await self.delivery.start()
+            except BaseException:
+                await self._stack.aclose()
+                raise
+            self._stack.push_async_callback(self.delivery.stop)
         self._stack.push_async_callback(self._close_gate)  # cluster: after the engine stops
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
@@ -359,15 +380,17 @@ class Daemon:
         set of listen addresses or inet services needs a restart (logged).
         """
         accepted = self._reload()
-        if self.pool is not None:  # workers re-read the configuration only if accepted
-            self._hups = self.pool.hup(accepted)
+        for pool in (self.pool, self.delivery):  # workers re-read the configuration if accepted
+            if pool is not None:
+                self._hups += pool.hup(accepted)
         return accepted
 
     async def wait_reloaded(self) -> None:
-        """After ``reload``: wait (bounded) until every listener worker has applied it."""
+        """After ``reload``: wait (bounded) until every worker process has applied it."""
         hups, self._hups = self._hups, []
-        if self.pool is not None:
-            await self.pool.wait_hup(hups)
+        pool = self.pool or self.delivery  # either waits for every worker's futures
+        if pool is not None:
+            await pool.wait_hup(hups)
 
     def _reload(self) -> bool:
         listeners = None
@@ -379,7 +402,7 @@ class Daemon:
         except (ConfigError, ValueError) as exc:
             get_logger("master").error(f"reload refused, keeping the running configuration: {exc}")
             return False
-        new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg)
+        new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg, self._make_agents)
         if new_cfg is None:
             return False
         self.cfg = new_cfg

@@ -1,0 +1,223 @@
+"""A delivery worker process: the queue manager's SMTP deliveries on a loop of their own.
+
+Started by the queue manager (``qmgrd.daemon.dpool``) as ``python -m
+qmgrd.daemon.delivery -c DIR --channel FD --parent PID``; never by hand. It:
+
+- is named ``qmgrd-delivery`` and dies with its parent
+  (``process.die_with_parent``): a SIGKILLed daemon leaves no worker
+  delivering mail behind it;
+- reads the configuration itself and builds its agents with the factory the
+  queue manager uses (``assemble.create_agents``), opens its own log output
+  (the agents' lines are ``qmgrd/smtp[PID]``) and says ``ready``;
+- for each ``d`` request (``qmgrd.daemon.dwire``) runs the transport's
+  agent on the request (the content streamed from the queue file it names)
+  and answers ``r`` with the result, or ``x`` when the agent raised (a bug
+  met by one delivery: logged here, a crash result in the queue manager) or
+  the transport is unknown; deliveries run concurrently, as in the queue
+  manager. It writes nothing to the spool: outcomes, done marks and logs of
+  recipient outcomes stay with the queue manager. ``k`` cancels a delivery;
+- on ``["hup", accepted]`` reopens its log file and, when the queue manager
+  accepted the reload, builds new agents from the configuration files (a
+  failure keeps the running ones, logged); deliveries in progress finish on
+  the old agents, which are closed after them; then answers ``hup-done``;
+- on SIGTERM or end of channel refuses new requests (``x``), lets those in
+  progress finish within ``shutdown_timeout`` (their results are sent),
+  cancels the rest (the queue manager defers them), closes its agents (QUIT
+  of cached sessions) and exits 0. SIGINT and SIGHUP are ignored: the queue
+  manager forwards what concerns the workers.
+
+A configuration or start-up error is logged and the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from qmgrd.config import Config, load_config
+from qmgrd.daemon.assemble import create_agents
+from qmgrd.daemon.dispatch import close_agents
+from qmgrd.daemon.dwire import decode_request, encode_result
+from qmgrd.daemon.ipc import encode, parse
+from qmgrd.daemon.process import die_with_parent, loop_factory, open_log_output
+from qmgrd.delivery.agent import Agent, DeliveryRequest
+from qmgrd.errors import ConfigError, InvariantError, QmgrdError
+from qmgrd.log import get_logger, reopen_logs
+
+
+def _arguments(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="qmgrd-delivery")
+    parser.add_argument("-c", dest="config_dir", type=Path, required=True)
+    parser.add_argument("--channel", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    return parser.parse_args(argv)
+
+
+class DeliveryWorker:
+    """One delivery worker's running state (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace, cfg: Config) -> None:
+        self.args = args
+        self.cfg = cfg
+        self.agents: dict[str, Agent] = create_agents(cfg)
+        self.log = get_logger("smtp")
+        self.stop = asyncio.Event()
+        self.writer: asyncio.StreamWriter | None = None
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def send(self, data: bytes) -> None:
+        """Queue one message to the queue manager (dropped once the channel is closed)."""
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(data)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop.set)
+        for signum in (signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(signum, lambda: None)
+        reader, self.writer = await asyncio.open_unix_connection(
+            sock=socket.socket(fileno=self.args.channel), limit=1 << 20
+        )
+        self.send(encode("ready"))
+        commands = loop.create_task(self._commands(reader))
+        try:
+            await self.stop.wait()
+        finally:
+            commands.cancel()
+            await self._finish()
+
+    async def _finish(self) -> None:
+        """Let deliveries in progress end (``shutdown_timeout``), close the agents."""
+        tasks = set(self.tasks.values())
+        if tasks:
+            wait = self.cfg.get_time("shutdown_timeout")
+            _done, pending = await asyncio.wait(tasks, timeout=wait)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.log.warning("deliveries cancelled at shutdown", count=len(pending))
+                await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        await close_agents(self.agents.values(), self.log)
+        if self.writer is not None:
+            with contextlib.suppress(ConnectionError):
+                await self.writer.drain()
+            self.writer.close()
+
+    async def _commands(self, reader: asyncio.StreamReader) -> None:
+        """The queue manager's messages; its end of stream stops the worker."""
+        try:
+            while line := await reader.readline():
+                try:
+                    self._command(parse(line))
+                except (ValueError, TypeError, IndexError) as exc:
+                    self.log.error("bad message from the queue manager", error=str(exc))
+        except (ConnectionError, ValueError) as exc:
+            self.log.error("channel to the queue manager failed", error=str(exc))
+        self.stop.set()
+
+    def _command(self, fields: list[Any]) -> None:
+        kind = fields[0]
+        if kind == "d":
+            n, request = decode_request(fields)
+            agent = self.agents.get(request.transport)
+            if self.stop.is_set() or agent is None:
+                why = "stopping" if agent is not None else f"no transport {request.transport}"
+                self.send(encode("x", n, f"delivery process: {why}"))
+                return
+            task = asyncio.get_running_loop().create_task(self._deliver(n, agent, request))
+            self.tasks[n] = task
+            task.add_done_callback(partial(self._done, n))
+        elif kind == "k":
+            running = self.tasks.get(int(fields[1]))
+            if running is not None:
+                running.cancel()
+        elif kind == "hup":
+            reopen_logs()
+            if len(fields) > 1 and fields[1] is True:
+                self.reload()
+            # after the log's flush (queued by the lines above): READY=1 follows every line
+            asyncio.get_running_loop().call_soon(self.send, encode("hup-done"))
+        else:
+            raise ValueError(f"unknown message {kind!r}")
+
+    def _done(self, n: int, _task: asyncio.Task[None]) -> None:
+        self.tasks.pop(n, None)
+
+    async def _deliver(self, n: int, agent: Agent, request: DeliveryRequest) -> None:
+        try:
+            result = await agent.deliver(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # InvariantError too: the queue manager decides
+            self.log.error(
+                "delivery agent failed",
+                queue_id=request.queue_id,
+                transport=request.transport,
+                error=repr(exc),
+            )
+            kind = "internal error" if isinstance(exc, InvariantError) else "error"
+            self.send(encode("x", n, f"{kind}: {exc!r}"))
+            return
+        self.send(encode_result(n, request, result))
+
+    def reload(self) -> None:
+        """New agents from the configuration files; a failure keeps the running ones."""
+        try:
+            cfg = load_config(self.args.config_dir)
+            agents = create_agents(cfg)
+        except (ConfigError, ValueError) as exc:
+            self.log.error(f"reload refused, keeping the running configuration: {exc}")
+            return
+        old, self.agents, self.cfg = self.agents, agents, cfg
+        task = asyncio.get_running_loop().create_task(
+            self._close_after(list(old.values()), set(self.tasks.values()))
+        )
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+        self.log.info("configuration reloaded")
+
+    async def _close_after(self, agents: list[Agent], tasks: set[asyncio.Task[None]]) -> None:
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        await close_agents(agents, self.log)
+
+
+async def _run(args: argparse.Namespace, cfg: Config) -> None:
+    await DeliveryWorker(args, cfg).run()  # built on the loop, as the queue manager's agents
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The worker process (module doc); its exit status."""
+    args = _arguments(sys.argv[1:] if argv is None else argv)
+    die_with_parent(args.parent, "qmgrd-delivery")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop's handlers take over
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        cfg = load_config(args.config_dir)
+        output = open_log_output(cfg)
+    except QmgrdError as exc:
+        print(f"qmgrd/smtp: fatal: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
+            runner.run(_run(args, cfg))
+    except QmgrdError as exc:
+        get_logger("smtp").error(f"fatal: {exc}")
+        return 1
+    finally:
+        output.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
