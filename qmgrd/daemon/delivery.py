@@ -12,8 +12,9 @@ qmgrd.daemon.delivery -c DIR --channel FD --parent PID``; never by hand. It:
 - for each ``d`` request (``qmgrd.daemon.dwire``) runs the transport's
   agent on the request (the content streamed from the queue file it names)
   and answers ``r`` with the result, or ``x`` when the agent raised (a bug
-  met by one delivery: logged here, a crash result in the queue manager) or
-  the transport is unknown; deliveries run concurrently, as in the queue
+  met by one delivery: logged here, a crash result in the queue manager; an
+  ``InvariantError`` stops the queue manager, as in process) or the
+  transport is unknown; deliveries run concurrently, as in the queue
   manager. It writes nothing to the spool: outcomes, done marks and logs of
   recipient outcomes stay with the queue manager. ``k`` cancels a delivery;
 - on ``["hup", accepted]`` reopens its log file and, when the queue manager
@@ -45,6 +46,7 @@ from typing import Any
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.dispatch import close_agents
+from qmgrd.daemon.dpool import INTERNAL
 from qmgrd.daemon.dwire import decode_request, encode_result
 from qmgrd.daemon.ipc import encode, parse
 from qmgrd.daemon.process import die_with_parent, loop_factory, open_log_output
@@ -165,8 +167,8 @@ class DeliveryWorker:
                 transport=request.transport,
                 error=repr(exc),
             )
-            kind = "internal error" if isinstance(exc, InvariantError) else "error"
-            self.send(encode("x", n, f"{kind}: {exc!r}"))
+            kind = INTERNAL if isinstance(exc, InvariantError) else "error:"
+            self.send(encode("x", n, f"{kind} {exc!r}"))
             return
         self.send(encode_result(n, request, result))
 

@@ -23,7 +23,8 @@ range) and returns the worker's ``DeliveryResult``. Which worker:
 - with no worker ready (all restarting), it waits for one, at most
   ``READY_WAIT`` seconds.
 
-It raises ``DeliveryWorkerError`` (the dispatcher's crash result: every
+An ``InvariantError`` in the worker's agent is raised again here (a bug stops
+the daemon, as in process). It raises ``DeliveryWorkerError`` (the dispatcher's crash result: every
 recipient deferred ``4.3.0``, logged, retried later) when the worker dies
 with the request in flight, when the agent raised in the worker, when no
 worker became ready, and when the worker gave no answer within ``bound``
@@ -80,6 +81,7 @@ __all__ = [
 SPILL = 8  # deliveries in flight past the least busy worker's before a nexthop spills over
 READY_WAIT = 60.0  # seconds a delivery waits for a worker when none is ready
 _CHUNK = 65536
+INTERNAL = "internal error:"  # an ``x`` text starting so: an InvariantError in the worker
 
 
 class DeliveryWorkerError(Exception):
@@ -185,7 +187,10 @@ class DeliveryPool(Supervisor):
         finally:
             pending.pop(n, None)
         if fields[0] == "x":
-            raise DeliveryWorkerError(f"in the delivery process: {fields[2]}")
+            text = f"in the delivery process pid {child.proc.pid}: {fields[2]}"
+            if str(fields[2]).startswith(INTERNAL):
+                raise InvariantError(text)  # a bug, as an InvariantError of an agent in process
+            raise DeliveryWorkerError(text)
         return decode_result(fields, request.recipients)
 
 
