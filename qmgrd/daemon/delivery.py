@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -48,10 +46,10 @@ from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.dispatch import close_agents
 from qmgrd.daemon.dpool import INTERNAL
 from qmgrd.daemon.dwire import decode_request, encode_result
-from qmgrd.daemon.ipc import encode, parse
-from qmgrd.daemon.process import die_with_parent, loop_factory, open_log_output
+from qmgrd.daemon.ipc import close_channel, encode, serve_commands
+from qmgrd.daemon.process import worker_main, worker_signals
 from qmgrd.delivery.agent import Agent, DeliveryRequest
-from qmgrd.errors import ConfigError, InvariantError, QmgrdError
+from qmgrd.errors import ConfigError, InvariantError
 from qmgrd.log import get_logger, reopen_logs
 
 
@@ -82,19 +80,13 @@ class DeliveryWorker:
             self.writer.write(data)
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.stop.set)
-        for signum in (signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(signum, lambda: None)
+        worker_signals(self.stop)
         reader, self.writer = await asyncio.open_unix_connection(
             sock=socket.socket(fileno=self.args.channel), limit=1 << 20
         )
-        self.send(encode("ready"))
-        commands = loop.create_task(self._commands(reader))
         try:
-            await self.stop.wait()
+            await serve_commands(reader, self._command, self.log, self.stop, self.send)
         finally:
-            commands.cancel()
             await self._finish()
 
     async def _finish(self) -> None:
@@ -111,21 +103,7 @@ class DeliveryWorker:
         await asyncio.gather(*self._closing, return_exceptions=True)
         await close_agents(self.agents.values(), self.log)
         if self.writer is not None:
-            with contextlib.suppress(ConnectionError):
-                await self.writer.drain()
-            self.writer.close()
-
-    async def _commands(self, reader: asyncio.StreamReader) -> None:
-        """The queue manager's messages; its end of stream stops the worker."""
-        try:
-            while line := await reader.readline():
-                try:
-                    self._command(parse(line))
-                except (ValueError, TypeError, IndexError) as exc:
-                    self.log.error("bad message from the queue manager", error=str(exc))
-        except (ConnectionError, ValueError) as exc:
-            self.log.error("channel to the queue manager failed", error=str(exc))
-        self.stop.set()
+            await close_channel(self.writer)
 
     def _command(self, fields: list[Any]) -> None:
         kind = fields[0]
@@ -194,31 +172,16 @@ class DeliveryWorker:
         await close_agents(agents, self.log)
 
 
-async def _run(args: argparse.Namespace, cfg: Config) -> None:
-    await DeliveryWorker(args, cfg).run()  # built on the loop, as the queue manager's agents
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The worker process (module doc); its exit status."""
     args = _arguments(sys.argv[1:] if argv is None else argv)
-    die_with_parent(args.parent, "qmgrd-delivery")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop's handlers take over
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        cfg = load_config(args.config_dir)
-        output = open_log_output(cfg)
-    except QmgrdError as exc:
-        print(f"qmgrd/smtp: fatal: {exc}", file=sys.stderr)
-        return 1
-    try:
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(_run(args, cfg))
-    except QmgrdError as exc:
-        get_logger("smtp").error(f"fatal: {exc}")
-        return 1
-    finally:
-        output.close()
-    return 0
+
+    async def body(cfg: Config) -> None:  # the agents are built on the loop, as in qmgr
+        await DeliveryWorker(args, cfg).run()
+
+    return worker_main(
+        args.parent, args.config_dir, name="qmgrd-delivery", program="smtp", body=body
+    )
 
 
 if __name__ == "__main__":

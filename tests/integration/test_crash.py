@@ -1,8 +1,8 @@
 """Crash safety under load: SIGKILL the daemon again and again while it accepts and delivers.
 
 The daemon runs as a subprocess (``qmgrd -c DIR run``, with two listener worker
-processes and a delivery worker: a SIGKILL of the queue manager takes them with it) and relays to three
-sinks in a process of their own (``sinkproc.py``), which log every delivered
+processes and a delivery worker: a SIGKILL of the queue manager takes them with it)
+and relays to three sinks in a process of their own (``sinkproc.py``), which log every delivered
 (Message-ID, recipient) and answer ``450`` once to ``later*`` recipients, so
 messages also go through ``deferred/``. Eight SMTP clients inject 2,000
 messages of 1-5 recipients; each attempt carries a fresh Message-ID and an
