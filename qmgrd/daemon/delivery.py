@@ -10,8 +10,10 @@ qmgrd.daemon.delivery -c DIR --channel FD --parent PID``; never by hand. It:
   queue manager uses (``assemble.create_agents``), opens its own log output
   (the agents' lines are ``qmgrd/smtp[PID]``) and says ``ready``;
 - for each ``d`` request (``qmgrd.daemon.dwire``) runs the transport's
-  agent on the request (the content streamed from the queue file it names)
-  and answers ``r`` with the result, or ``x`` when the agent raised (a bug
+  agent on the request (the content streamed from the queue file it names;
+  the first reads of many deliveries share a thread hop, ``IoBatcher``)
+  and answers ``r`` with the result (the results of one loop turn in one
+  write, ``LineWriter``), or ``x`` when the agent raised (a bug
   met by one delivery: logged here, a crash result in the queue manager; an
   ``InvariantError`` stops the queue manager, as in process) or the
   transport is unknown; deliveries run concurrently, as in the queue
@@ -45,7 +47,8 @@ from qmgrd.config import Config, load_config
 from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.dispatch import close_agents
 from qmgrd.daemon.dpool import INTERNAL
-from qmgrd.daemon.dwire import decode_request, encode_result
+from qmgrd.daemon.dwire import LineWriter, decode_request, encode_result
+from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.ipc import close_channel, encode, serve_commands
 from qmgrd.daemon.process import worker_main, worker_signals
 from qmgrd.delivery.agent import Agent, DeliveryRequest
@@ -71,19 +74,22 @@ class DeliveryWorker:
         self.log = get_logger("smtp")
         self.stop = asyncio.Event()
         self.writer: asyncio.StreamWriter | None = None
+        self.lines: LineWriter | None = None  # results, one write per loop turn
+        self.io = IoBatcher()  # the content's first reads, many per thread hop
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
     def send(self, data: bytes) -> None:
         """Queue one message to the queue manager (dropped once the channel is closed)."""
-        if self.writer is not None and not self.writer.is_closing():
-            self.writer.write(data)
+        if self.lines is not None:
+            self.lines.write(data)
 
     async def run(self) -> None:
         worker_signals(self.stop)
         reader, self.writer = await asyncio.open_unix_connection(
             sock=socket.socket(fileno=self.args.channel), limit=1 << 20
         )
+        self.lines = LineWriter(self.writer)
         try:
             await serve_commands(reader, self._command, self.log, self.stop, self.send)
         finally:
@@ -102,13 +108,15 @@ class DeliveryWorker:
                 await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*self._closing, return_exceptions=True)
         await close_agents(self.agents.values(), self.log)
+        if self.lines is not None:
+            self.lines.flush()
         if self.writer is not None:
             await close_channel(self.writer)
 
     def _command(self, fields: list[Any]) -> None:
         kind = fields[0]
         if kind == "d":
-            n, request = decode_request(fields)
+            n, request = decode_request(fields, self.io.submit)
             agent = self.agents.get(request.transport)
             if self.stop.is_set() or agent is None:
                 why = "stopping" if agent is not None else f"no transport {request.transport}"

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config
-from qmgrd.daemon.dwire import decode_result, encode_request
+from qmgrd.daemon.dwire import LineWriter, decode_result, encode_request
 from qmgrd.daemon.ipc import encode
 from qmgrd.daemon.settings import delivery_services
 from qmgrd.daemon.supervise import Child, Supervisor
@@ -103,6 +103,7 @@ class DeliveryPool(Supervisor):
         self._ids = itertools.count(1)
         self._pending: dict[Child, dict[int, asyncio.Future[list[Any]]]] = {}
         self._ready = asyncio.Event()
+        self._lines: dict[Child, LineWriter] = {}  # requests, one write per loop turn
 
     def command(self, slot: int, channel: int) -> tuple[list[str], list[int]]:
         """``python -m qmgrd.daemon.delivery`` on the channel."""
@@ -119,6 +120,7 @@ class DeliveryPool(Supervisor):
 
     def on_exit(self, child: Child) -> None:
         """Fail the deliveries the worker had in flight."""
+        self._lines.pop(child, None)
         pending = self._pending.pop(child, {})
         for future in pending.values():
             if not future.done():
@@ -168,7 +170,10 @@ class DeliveryPool(Supervisor):
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         pending = self._pending[child]
         pending[n] = future
-        child.writer.write(encode_request(n, request, content))
+        lines = self._lines.get(child)
+        if lines is None:
+            lines = self._lines[child] = LineWriter(child.writer)
+        lines.write(encode_request(n, request, content))
         try:
             async with asyncio.timeout(bound):
                 fields = await future
@@ -181,8 +186,7 @@ class DeliveryPool(Supervisor):
                 child.proc.send_signal(signal.SIGKILL)
             raise DeliveryWorkerError("the delivery process gave no result in time") from None
         except asyncio.CancelledError:
-            if not child.writer.is_closing():
-                child.writer.write(encode("k", n))
+            lines.write(encode("k", n))  # after its request, whenever that is written
             raise
         finally:
             pending.pop(n, None)

@@ -26,6 +26,8 @@ hop_reason, setup, transmission, extra, throttle]``                 result; ``i`
 =================================================================  ===============================
 
 ``n`` is the queue manager's number for the request, unique per worker.
+``LineWriter(writer)`` queues lines and writes them once per loop turn (one
+send for the requests or results of a turn, not one each).
 ``encode_request`` / ``decode_request`` and ``encode_result`` /
 ``decode_result`` are exact inverses (a unit test pins it). ``decode_result``
 maps results back onto the request's own ``Recipient`` objects (the
@@ -35,6 +37,7 @@ malformed line, an index out of range or a recipient given twice.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +51,9 @@ from qmgrd.delivery.agent import (
     RecipientResult,
 )
 from qmgrd.spool import QueueFileContent
+from qmgrd.spool.content import Runner
 
-__all__ = ["decode_request", "decode_result", "encode_request", "encode_result"]
+__all__ = ["LineWriter", "decode_request", "decode_result", "encode_request", "encode_result"]
 
 _SMTPUTF8, _8BITMIME, _LOAD, _STORE = 1, 2, 4, 8
 _OUTCOME = {Outcome.SENT: "s", Outcome.DEFERRED: "d", Outcome.BOUNCED: "b"}
@@ -71,8 +75,9 @@ def encode_request(n: int, request: DeliveryRequest, content: QueueFileContent) 
     )  # fmt: skip
 
 
-def decode_request(fields: list[Any]) -> tuple[int, DeliveryRequest]:
-    """The number and request of a ``d`` message (``ValueError`` if malformed)."""
+def decode_request(fields: list[Any], run: Runner | None = None) -> tuple[int, DeliveryRequest]:
+    """The number and request of a ``d`` message (``ValueError`` if malformed); ``run``: the
+    content's first read's thread hop (``QueueFileContent.run``)."""
     if len(fields) != 13:
         raise ValueError(f"bad delivery request: {fields[:3]!r}")
     _, n, queue_id, transport, nexthop, sender, path, offset, size, flags, envid, ret = fields[:12]
@@ -80,7 +85,7 @@ def decode_request(fields: list[Any]) -> tuple[int, DeliveryRequest]:
     recipients = tuple(
         Recipient(str(a), int(o), None if c is None else str(c), _notify(k)) for a, o, c, k in rcpts
     )
-    content = QueueFileContent(Path(str(path)), int(offset), int(size))
+    content = QueueFileContent(Path(str(path)), int(offset), int(size), run)
     return int(n), DeliveryRequest(
         queue_id=str(queue_id),
         transport=str(transport),
@@ -147,3 +152,28 @@ def _notify(text: object) -> frozenset[str]:
     return frozenset(w for w in str(text).split(",") if w)
 
 
+
+
+class LineWriter:
+    """Lines written to ``writer`` together, once per loop turn (module doc)."""
+
+    __slots__ = ("_due", "_lines", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._lines: list[bytes] = []
+        self._due = False
+
+    def write(self, line: bytes) -> None:
+        """Queue ``line``; it is written at the end of this loop turn."""
+        self._lines.append(line)
+        if not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write what is queued now (dropped if the channel is closed)."""
+        self._due = False
+        lines, self._lines = self._lines, []
+        if lines and not self.writer.is_closing():
+            self.writer.write(b"".join(lines))

@@ -144,14 +144,7 @@ async def test_sigkilled_delivery_worker_under_load_loses_nothing(tmp_path: Path
         await sink.wait_stalled("DOT", 3, TIMEOUT)
         victim = max(first, key=_sockets)  # the one with SMTP sessions to the sink
         assert _sockets(victim) > 1
-        os.kill(victim, signal.SIGKILL)
-        death = f"process qmgrd/delivery pid {victim} killed by signal 9; restarting it"
-        await wait_until(lambda: death in relay.log(), "the death in the log", TIMEOUT)
-        await wait_until(
-            lambda: len(relay.proc.children()) == 2 and victim not in relay.proc.children(),
-            "a new worker",
-            TIMEOUT,
-        )
+        await relay.kill_worker(victim, "delivery")
         count = len(acked)
         await wait_until(lambda: len(acked) >= count + 10, "10 more messages", TIMEOUT)
         stop.set()
@@ -171,13 +164,7 @@ async def test_sighup_reaches_every_delivery_worker(tmp_path: Path) -> None:
     configuration (an smtp_header_checks rule) before READY=1."""
     async with _relay2(tmp_path) as (relay, sink):
         workers = relay.proc.children()
-        main_cf = relay.conf / "main.cf"
-        main_cf.write_text(
-            main_cf.read_text() + "smtp_header_checks = regexp:{ {/^Subject:/ PREPEND X-R: 1} }\n"
-        )
-        relay.maillog.rename(relay.maillog.with_name("maillog.1"))
-        relay.proc.send_signal(signal.SIGHUP)
-        await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
+        await relay.reload("smtp_header_checks = regexp:{ {/^Subject:/ PREPEND X-R: 1} }")
         for pid in workers:  # in the new file, before READY=1
             assert f"qmgrd/smtp[{pid}]: configuration reloaded" in relay.log()
         await relay.send("after")
