@@ -7,7 +7,7 @@ qmgrd.daemon.delivery -c DIR --channel FD --parent PID``; never by hand. It:
   (``process.die_with_parent``): a SIGKILLed daemon leaves no worker
   delivering mail behind it;
 - reads the configuration itself and builds its agents with the factory the
-  queue manager uses (``assemble.create_agents``), opens its own log output
+  queue manager uses (``wiring.create_agents``), opens its own log output
   (the agents' lines are ``qmgrd/smtp[PID]``) and says ``ready``;
 - for each ``d`` request (``qmgrd.daemon.dwire``) runs the transport's
   agent on the request (the content streamed from the queue file it names;
@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config, load_config
-from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.dispatch import close_agents
 from qmgrd.daemon.dpool import INTERNAL
 from qmgrd.daemon.dwire import LineWriter, decode_request, encode_result
 from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.ipc import close_channel, encode, serve_commands
 from qmgrd.daemon.process import worker_main, worker_signals
+from qmgrd.daemon.wiring import create_agents
 from qmgrd.delivery.agent import Agent, DeliveryRequest
 from qmgrd.errors import ConfigError, InvariantError
 from qmgrd.log import get_logger, reopen_logs

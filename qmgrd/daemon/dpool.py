@@ -9,7 +9,7 @@ agents run in the queue manager's process, as without this module).
 (``qmgrd.daemon.supervise``: start, restart with back-off, SIGHUP, stop) of
 ``count`` processes ``qmgrd-delivery`` (``python -m qmgrd.daemon.delivery``),
 each building its agents from the configuration with the factory the queue
-manager uses (``assemble.create_agents``).
+manager uses (``wiring.create_agents``).
 
 ``await pool.deliver(request, bound)`` sends the request over the worker's
 channel (``qmgrd.daemon.dwire``: the content as queue file path and byte
