@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from qmgrd.daemon.dpool import SPILL, DeliveryPool, request_bound
+from qmgrd.config import load_config
+from qmgrd.daemon.assemble import create_agents
+from qmgrd.daemon.dpool import SPILL, DeliveryPool, RemoteAgent, remote_agents, request_bound
 from qmgrd.daemon.dwire import decode_request, decode_result, encode_request, encode_result
 from qmgrd.daemon.ipc import parse
 from qmgrd.daemon.supervise import Child
@@ -23,6 +25,7 @@ from qmgrd.delivery.agent import (
 )
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.spool import QueueFileContent
+from tests.support.config import write_config
 
 CONTENT = QueueFileContent(Path("/spool/active/4A0C1922FA60"), 412, 70_000)
 REQUEST = DeliveryRequest(
@@ -136,3 +139,13 @@ async def test_entries_of_one_nexthop_go_to_one_worker_unless_it_is_far_busier()
     pool.on_exit(home)  # its deliveries fail; the key goes to a live worker
     assert all(f.done() and f.exception() is not None for f in busy.values())
     assert (await pool._choose(key)).slot in {1, 2, 3} - {home.slot}
+
+
+def test_only_the_smtp_agents_move_to_the_workers(tmp_path: Path) -> None:
+    """remote_agents: smtp and relay deliver through the pool; discard, error and retry stay
+    in the queue manager, built by the same factory."""
+    pool = DeliveryPool(tmp_path, 1)
+    agents = remote_agents(load_config(write_config(tmp_path)), pool, create_agents)
+    remote = sorted(name for name, agent in agents.items() if isinstance(agent, RemoteAgent))
+    assert remote == ["relay", "smtp"]
+    assert {"discard", "error", "retry"} <= set(agents) - set(remote)
