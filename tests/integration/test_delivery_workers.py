@@ -192,3 +192,26 @@ async def test_sigterm_stops_the_delivery_workers_and_loses_nothing(tmp_path: Pa
         await asyncio.to_thread(relay.proc.wait_ready, TIMEOUT)
         await sink.wait_for(lambda: "hanging" in _ids(sink), "the message", TIMEOUT)
         await wait_until(lambda: _spool_empty(relay), "the spool to empty", TIMEOUT)
+
+
+async def test_a_delivery_worker_stopped_on_its_own_defers_and_is_restarted(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to a delivery worker alone (as systemd's control-group stop does): its hanging
+    delivery gets shutdown_timeout, is cancelled and deferred; the queue manager restarts the
+    worker, and the message is delivered once the sink answers."""
+    async with _relay2(
+        tmp_path, RETRY + "shutdown_timeout = 1s\n", SinkConfig(stall=frozenset({"DOT"}))
+    ) as (relay, sink):
+        await relay.send("stopped")
+        await sink.wait_stalled("DOT", 1, TIMEOUT)
+        victim = max(relay.proc.children(), key=_sockets)
+        os.kill(victim, signal.SIGTERM)
+        exit_line = f"process qmgrd/delivery pid {victim} exit status 0; restarting it"
+        await wait_until(lambda: exit_line in relay.log(), "the worker's exit", TIMEOUT)
+        assert f"qmgrd/smtp[{victim}]: warning: deliveries cancelled at shutdown" in relay.log()
+        await wait_until(lambda: "status=deferred" in relay.log(), "the deferral", TIMEOUT)
+        sink.release()
+        await sink.wait_for(lambda: "stopped" in _ids(sink), "the message", TIMEOUT)
+        await wait_until(lambda: _spool_empty(relay), "the spool to empty", TIMEOUT)
+        assert len(relay.proc.children()) == 2 and victim not in relay.proc.children()
