@@ -1,4 +1,4 @@
-"""Fixtures shared by the integration tests: real TLS on 127.0.0.1 with ``trustme``; ``no_leaks``."""
+"""Integration fixtures: real TLS on 127.0.0.1 with ``trustme``, and ``no_leaks``."""
 
 from __future__ import annotations
 
