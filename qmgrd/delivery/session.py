@@ -20,9 +20,8 @@ whether TLS is on and the SASL user, so an authenticated session is only
 reused for mail that would authenticate as the same user.
 
 The conversation runs on ``connection.Connection`` (our own client protocol,
-``client``); ``run_command`` turns its errors into ``Lost`` with Postfix's
-wording ("conversation with X timed out while ...", "lost connection with X
-while ...").
+``client``); ``Session`` and ``run_command`` live in ``conversation`` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -33,57 +32,19 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from qmgrd.delivery.agent import Throttle
-from qmgrd.delivery.client import Reply, ReplyError, command_line, ehlo_extensions
+from qmgrd.delivery.client import ReplyError, ehlo_extensions
 from qmgrd.delivery.connection import Connection
+from qmgrd.delivery.conversation import CacheKey, Session, SmtpStats, broken, run_command
 from qmgrd.delivery.mx import Destination, Endpoint
 from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text, throttle_kind
 from qmgrd.delivery.sasl import Credentials, SaslClient
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient, TlsPolicy, describe
 
-CacheKey = tuple[str, str, str, int, bool, str]
-
-
-@dataclass(slots=True, eq=False)
-class Session:
-    """An established SMTP session after the handshake (TLS and AUTH included)."""
-
-    conn: Connection
-    endpoint: Endpoint
-    label: str
-    tls: bool
-    created: float
-    user: str = ""  # SASL user the session authenticated as ("" = none)
-    reuse_count: int = 0
-    extensions: dict[str, str] = field(default_factory=dict)  # EHLO keywords (lower case)
-
-    @property
-    def key(self) -> CacheKey:
-        """The connection-cache key (module doc)."""
-        ep = self.endpoint
-        return (self.label, ep.host, ep.addr, ep.port, self.tls, self.user)
-
-    def supports(self, extension: str) -> bool:
-        """Whether the server's EHLO reply advertised ``extension``."""
-        return extension.lower() in self.extensions
-
-    def close(self) -> None:
-        """Drop the connection at once (after an error, or when QUIT is done)."""
-        self.conn.close()
-
-
-@dataclass(slots=True, eq=False)
-class SmtpStats:
-    """Counters for tests and benchmarks."""
-
-    connections: int = 0  # TCP connections opened
-    tls_handshakes: int = 0  # TLS handshakes completed
-    reused: int = 0  # sessions taken from the cache and probed successfully
-    deliveries: int = 0
+__all__ = ["FALLBACK", "CacheKey", "Connector", "Session", "SmtpStats", "broken", "run_command"]
 
 
 class Fallback:
@@ -91,26 +52,6 @@ class Fallback:
 
 
 FALLBACK = Fallback()
-
-
-def broken(relay: str, stage: str, exc: BaseException) -> Lost:
-    """The ``Lost`` for a timeout or a broken connection or reply while ``stage``."""
-    if isinstance(exc, TimeoutError):
-        return Lost(
-            Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
-        )
-    detail = str(exc) or type(exc).__name__
-    return Lost(
-        Failure("4.4.2", f"lost connection with {relay} while {stage}: {detail}", relay, True)
-    )
-
-
-async def run_command(session: Session, stage: str, timeout: float, *args: bytes) -> Reply:
-    """Run one command; a lost connection or timeout raises ``Lost`` (4.4.2, site)."""
-    try:
-        return await session.conn.command(command_line(*args), timeout)
-    except (TimeoutError, ReplyError, OSError) as exc:
-        raise broken(session.endpoint.relay, stage, exc) from None
 
 
 class Connector:
