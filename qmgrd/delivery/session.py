@@ -155,8 +155,10 @@ class Connector:
         except ssl.SSLError as exc:
             self._drop(sock, conn)
             return self._handshake_failure(exc, relay)
-        except (TimeoutError, ReplyError, OSError) as exc:
+        except BaseException as exc:  # cancelled (shutdown) too: never leak the socket
             self._drop(sock, conn)
+            if not isinstance(exc, (TimeoutError, ReplyError, OSError)):
+                raise
             if isinstance(exc, TimeoutError):
                 return Failure(
                     "4.4.2", f"conversation with {relay} timed out while {stage}", relay, True

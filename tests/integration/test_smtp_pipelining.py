@@ -4,13 +4,15 @@ A server that offers PIPELINING gets MAIL FROM, every RCPT TO and DATA in one
 write and its replies are matched in order; one that does not gets one
 command per reply. Hostile replies inside a group (endless continuation
 lines, huge lines, no line end, a slow drip, a dropped line) end in a clear
-deferral within the limits and timeouts, never a hang.
+deferral within the limits and timeouts, never a hang; replies injected in clear text
+behind the 220 to STARTTLS are never read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -285,3 +287,43 @@ async def test_each_reply_in_a_group_has_its_commands_timeout() -> None:
     assert f"conversation with {_relay(srv)} timed out while sending DATA" == (
         result.recipients[0].reply
     )
+
+
+async def test_replies_injected_before_the_tls_handshake_are_dropped(
+    server_tls: ssl.SSLContext,
+) -> None:
+    """Clear-text replies sent behind the 220 to STARTTLS are never read as TLS replies.
+
+    The client-side twin of CVE-2011-0411: the server answers STARTTLS with its
+    220 and, in the same write, replies to commands the client has not sent yet.
+    Read after the handshake, they would answer EHLO, MAIL and RCPT with the
+    attacker's text; dropped, the conversation over TLS stays in step.
+    """
+    commands: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _greet(reader, writer, b"250-mx.test\r\n250 STARTTLS\r\n")
+        assert await read_line(reader) == b"STARTTLS"
+        writer.write(b"220 go ahead\r\n250 injected ehlo\r\n550 5.7.1 injected refusal\r\n")
+        await writer.drain()
+        await writer.start_tls(server_tls)
+        while True:
+            cmd = await read_line(reader)
+            commands.append(cmd.split(b":")[0])
+            if cmd.startswith(b"EHLO"):
+                writer.write(b"250 mx.test\r\n")
+            elif cmd == b"DATA":
+                writer.write(b"354 go\r\n")
+                await writer.drain()
+                await _finish(reader, writer)
+                return
+            else:
+                writer.write(b"250 2.0.0 ok\r\n")
+            await writer.drain()
+
+    settings = dataclasses.replace(FAST, tls_security_level="encrypt", starttls_timeout=5.0)
+    async with scripted(handler) as srv:
+        result = await deliver_once(srv.nexthop, settings, RCPTS[:1])
+    (r,) = result.recipients
+    assert (r.outcome, r.reply) == (Outcome.SENT, "250 2.0.0 queued"), r
+    assert commands == [b"EHLO CLIENT.TEST", b"MAIL FROM", b"RCPT TO", b"DATA"]
