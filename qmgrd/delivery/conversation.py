@@ -38,6 +38,7 @@ class Session:
     user: str = ""  # SASL user the session authenticated as ("" = none)
     reuse_count: int = 0
     extensions: dict[str, str] = field(default_factory=dict)  # EHLO keywords (lower case)
+    quit_sent: bool = False  # QUIT went out behind the end of data; its reply is unread
 
     @property
     def key(self) -> CacheKey:

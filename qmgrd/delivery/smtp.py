@@ -40,7 +40,9 @@ label, endpoint and SASL user is taken from the cache and probed with RSET;
 with STORE a good session is returned to the cache instead of QUIT, unless it
 is older than ``smtp_connection_reuse_time_limit``, was reused
 ``smtp_connection_reuse_count_limit`` times, or uses TLS while
-``smtp_tls_connection_reuse`` is off.
+``smtp_tls_connection_reuse`` is off. Whether a session will be kept is
+decided before its transaction: one that will not be kept sends QUIT behind the
+end of data when the server pipelines (``Transaction.run(last=True)``).
 """
 
 from __future__ import annotations
@@ -240,12 +242,13 @@ class SmtpAgent:
             sessions += 1
             t1 = self.clock()
             try:
-                reusable = await self.transaction.run(att, session, wire)
+                keep = store and self._may_reuse(session)
+                reusable = await self.transaction.run(att, session, wire, last=not keep)
             except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
                 session.close()
                 raise
             att.xfer_time += self.clock() - t1
-            if reusable and store and self._may_reuse(session):
+            if reusable and keep and not session.quit_sent and self._may_reuse(session):
                 session.reuse_count += 1
                 self.cache.store(session.key, session)
             elif reusable:
@@ -297,7 +300,9 @@ class SmtpAgent:
     async def _quit(self, session: Session) -> None:
         """End a session politely (QUIT), closing it whatever happens."""
         try:
-            if session.conn.is_connected:
+            if session.quit_sent:  # pipelined behind the end of data: read its reply
+                await session.conn.read_reply(self.settings.quit_timeout)
+            elif session.conn.is_connected:
                 await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
         except (TimeoutError, ReplyError, OSError):
             pass

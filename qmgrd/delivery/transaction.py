@@ -99,10 +99,17 @@ class Transaction:
         """Keep the settings (timeouts)."""
         self.settings = settings
 
-    async def run(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
-        """The transaction for the pending recipients; True if the session is reusable."""
+    async def run(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], *, last: bool = False
+    ) -> bool:
+        """The transaction for the pending recipients; True if the session is reusable.
+
+        ``last``: the session ends after this transaction. With PIPELINING, QUIT then
+        goes out in the same write as the end of data (``session.quit_sent``), as
+        Postfix's client pipelines it; the caller reads its reply.
+        """
         try:
-            return await self._steps(att, session, wire)
+            return await self._steps(att, session, wire, last)
         except Lost as lost:
             session.close()
             att.fail_pending(lost.failure)
@@ -112,7 +119,9 @@ class Transaction:
             att.fail_pending(Failure("4.3.0", f"error reading message content: {exc}"))
             return False
 
-    async def _steps(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
+    async def _steps(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool
+    ) -> bool:
         s = self.settings
         req = att.request
         relay = session.endpoint.relay
@@ -195,7 +204,8 @@ class Transaction:
             att.completed = True
             return await self._reset(session)
 
-        response = await self._send_content(session, req)
+        with_quit = last and envelope.pipelining
+        response = await self._send_content(session, req, with_quit=with_quit)
         if response.code == 421:
             raise Lost(said(response, "end of DATA"))
         att.completed = True
@@ -257,8 +267,10 @@ class Transaction:
             return False
         return response.code == 250
 
-    async def _send_content(self, session: Session, req: DeliveryRequest) -> Reply:
-        """Stream the content after 354 and read the final reply."""
+    async def _send_content(
+        self, session: Session, req: DeliveryRequest, *, with_quit: bool = False
+    ) -> Reply:
+        """Stream the content after 354, then read the final reply (``with_quit``: QUIT follows)."""
         s = self.settings
         relay = session.endpoint.relay
         conn = session.conn
@@ -286,7 +298,8 @@ class Transaction:
                         await conn.drain(s.data_xfer_timeout)
                     held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
-            conn.write(held + tail + encoder.finish())
+            conn.write(held + tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b""))
+            session.quit_sent = with_quit
             stage = "sending end of data -- message may be sent more than once"
             return await conn.read_reply(s.data_done_timeout)
         except (TimeoutError, ReplyError, OSError) as exc:

@@ -5,7 +5,8 @@ write and its replies are matched in order; one that does not gets one
 command per reply. Hostile replies inside a group (endless continuation
 lines, huge lines, no line end, a slow drip, a dropped line) end in a clear
 deferral within the limits and timeouts, never a hang; replies injected in clear text
-behind the 220 to STARTTLS are never read.
+behind the 220 to STARTTLS are never read. A session that is not kept for the cache
+sends QUIT behind the end of data, in the same write.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from qmgrd.delivery.agent import Outcome
+from qmgrd.delivery.smtp import SmtpAgent
+from tests.integration.sinks import make_request
 from tests.support.scripted import (
     FAST,
     Handler,
@@ -327,3 +330,62 @@ async def test_replies_injected_before_the_tls_handshake_are_dropped(
     (r,) = result.recipients
     assert (r.outcome, r.reply) == (Outcome.SENT, "250 2.0.0 queued"), r
     assert commands == [b"EHLO CLIENT.TEST", b"MAIL FROM", b"RCPT TO", b"DATA"]
+
+
+def _recording_tail(tails: list[bytes], commands: list[bytes]) -> Handler:
+    """A PIPELINING server recording the read that ends the message and every later command."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _greet(reader, writer, EHLO_PIPELINING)
+        await _group_reader([])(reader)
+        writer.write(b"250 ok\r\n250 ok\r\n354 go\r\n")
+        await writer.drain()
+        got = b""
+        while b"\r\n.\r\n" not in got:
+            chunk = await reader.read(65536)
+            if not chunk:
+                return
+            got += chunk
+        tails.append(got[got.index(b"\r\n.\r\n") + 2 :])
+        writer.write(b"250 2.0.0 queued\r\n")
+        await writer.drain()
+        pending = got[got.index(b"\r\n.\r\n") + 5 :].split(b"\r\n")[:-1]
+        while True:
+            cmd = pending.pop(0) if pending else await read_line(reader)
+            commands.append(cmd.upper())
+            if cmd.upper() == b"QUIT":
+                writer.write(b"221 bye\r\n")
+                await writer.drain()
+                return
+            writer.write(b"250 ok\r\n")
+            await writer.drain()
+
+    return handler
+
+
+async def test_quit_follows_the_end_of_data_in_the_same_write() -> None:
+    """A session that will not be cached sends QUIT behind "." in one write and reads 221."""
+    tails: list[bytes] = []
+    commands: list[bytes] = []
+    async with scripted(_recording_tail(tails, commands)) as srv:
+        result = await deliver_once(srv.nexthop, FAST, RCPTS[:1])
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert tails == [b".\r\nQUIT\r\n"]
+    assert commands == [b"QUIT"]
+
+
+async def test_a_session_kept_for_the_cache_sends_no_quit_behind_the_data() -> None:
+    """With the connection cache the session stays open after "."; QUIT comes at close."""
+    tails: list[bytes] = []
+    commands: list[bytes] = []
+    async with scripted(_recording_tail(tails, commands)) as srv:
+        settings = dataclasses.replace(FAST, connection_cache_destinations=(srv.nexthop,))
+        agent = SmtpAgent(settings)
+        try:
+            result = await agent.deliver(make_request(srv.nexthop, list(RCPTS[:1])))
+            assert len(agent.cache) == 1
+        finally:
+            await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert tails == [b".\r\n"]
+    assert commands == [b"QUIT"]  # sent by close(), not behind the data
