@@ -104,10 +104,8 @@ class Connector:
             sock.setblocking(False)
             if bind:
                 sock.bind((bind, 0))
-            await asyncio.wait_for(
-                asyncio.get_running_loop().sock_connect(sock, (ep.addr, ep.port)),
-                s.connect_timeout,
-            )
+            async with asyncio.timeout(s.connect_timeout):  # no task per connect (wait_for)
+                await asyncio.get_running_loop().sock_connect(sock, (ep.addr, ep.port))
         except TimeoutError:
             sock.close()
             return Failure("4.4.1", f"connect to {relay}: Connection timed out", relay, True)
