@@ -389,3 +389,47 @@ async def test_a_session_kept_for_the_cache_sends_no_quit_behind_the_data() -> N
     assert result.recipients[0].outcome is Outcome.SENT
     assert tails == [b".\r\n"]
     assert commands == [b"QUIT"]  # sent by close(), not behind the data
+
+
+async def test_an_unanswered_pipelined_quit_ends_at_smtp_quit_timeout() -> None:
+    """The message is sent; a server that never answers QUIT costs ``smtp_quit_timeout``."""
+
+    def answer(n: int) -> bytes:
+        return b"354 go\r\n" if n == 2 else b"250 ok\r\n"
+
+    async def then(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (await reader.readline()).rstrip(b"\r\n") != b".":
+            pass
+        writer.write(b"250 2.0.0 queued\r\n")
+        await writer.drain()
+        await wait_forever()  # QUIT arrives and is never answered
+
+    # The default (300 s) would outlast deliver_once's 30 s bound and fail the test.
+    settings = dataclasses.replace(FAST, quit_timeout=0.3)
+    async with scripted(_pipelined(answer, then=then)) as srv:
+        result = await deliver_once(srv.nexthop, settings, RCPTS[:1])
+    assert (result.recipients[0].outcome, result.hop) == (Outcome.SENT, None)
+
+
+async def test_a_server_that_stops_reading_the_body_ends_at_smtp_data_xfer_timeout() -> None:
+    """Content the server never reads fills the socket; ``smtp_data_xfer_timeout`` ends it."""
+
+    def answer(n: int) -> bytes:
+        return b"354 go\r\n" if n == 2 else b"250 ok\r\n"
+
+    async def then(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await wait_forever()  # never reads the body
+
+    body = b"Subject: big\r\n\r\n" + (b"x" * 76 + b"\r\n") * 400_000  # 31 MB, past any buffer
+    settings = dataclasses.replace(FAST, data_xfer_timeout=0.3, data_done_timeout=SLOW)
+    async with scripted(_pipelined(answer, then=then)) as srv:
+        agent = SmtpAgent(settings)
+        try:
+            request = make_request(srv.nexthop, list(RCPTS[:1]), content=body)
+            result = await asyncio.wait_for(agent.deliver(request), 30)
+        finally:
+            await agent.close()
+    (r,) = result.recipients
+    assert (r.outcome, r.dsn) == (Outcome.DEFERRED, "4.4.2")
+    assert r.reply == f"conversation with {_relay(srv)} timed out while sending message body"
+    assert result.hop is not None
