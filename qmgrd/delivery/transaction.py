@@ -44,6 +44,7 @@ from qmgrd.delivery.content import DataEncoder
 from qmgrd.delivery.replies import Failure, Lost, dsn_param, reply_dsn, reply_text
 from qmgrd.delivery.session import Session, broken, run_command
 from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.errors import InvariantError
 
 
 class ContentError(Exception):
@@ -183,8 +184,9 @@ class Transaction:
         )
         await self._exchange(session, envelope, said)
 
+        if envelope.mail_reply is None:  # _exchange returns only when every reply is in
+            raise InvariantError("envelope finished without a MAIL FROM reply")
         if not envelope.mail_ok:
-            assert envelope.mail_reply is not None
             att.fail_pending(said(envelope.mail_reply, "MAIL FROM"))
         else:
             for idx, _line in rcpts:
