@@ -31,8 +31,8 @@ it. Without PIPELINING no RCPT follows a refused MAIL and no DATA follows
 when no recipient was accepted. With PIPELINING those were already sent, so
 their replies are read (and ignored after a refused MAIL) to keep the session
 in step. ``data_unwanted`` is True when DATA got 354 although nothing should
-be sent (RFC 2920 §3.1: the caller ends the empty message with "." and then
-RSETs, as Postfix does).
+be sent: the caller ends the empty message with a lone "." (RFC 2920 §3.1, as
+Postfix's smtp_proto.c does) and RSETs before the session is used again.
 """
 
 from __future__ import annotations

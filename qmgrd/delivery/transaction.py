@@ -248,10 +248,11 @@ class Transaction:
             envelope.receive(reply)
 
     async def _end_unwanted(self, session: Session) -> bool:
-        """A pipelined DATA got 354 with no recipient: end it with "." (Postfix does too).
+        """A pipelined DATA got 354 with no recipient: end it with a lone ".".
 
-        Postfix's smtp_proto.c sends the lone terminator, an empty message a server
-        with no recipients rejects; False when the session broke meanwhile.
+        Postfix's smtp_proto.c does the same (RFC 2920 §3.1); a server with no
+        recipients rejects the empty message. The caller then RSETs (Postfix
+        goes straight on to QUIT or the cache). False when the session broke.
         """
         try:
             await run_command(session, "sending end of data", self.settings.data_done_timeout, b".")
