@@ -47,6 +47,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 
 from qmgrd.core.backoff import delay_warning_due, is_expired, next_attempt
 from qmgrd.daemon.context import EngineContext
@@ -127,12 +128,17 @@ class Finisher:
                 when = await ctx.io.submit(lambda: self._safe_defer(msg, now))
                 self._report(record, _Plan(FinishAction.DEFERRED, next_attempt=when), [], now)
                 return
-            plan = await ctx.io.submit(lambda: self._prepare(record, msg, now))
+            # Jobs that cannot fsync run on the loop (IoBatcher.here), the others in a thread.
+            prepare = partial(self._prepare, record, msg, now)
+            plan = await (ctx.io.here(prepare) if _reads_only(record, msg) else
+                          ctx.io.submit(prepare))
             notices = [
                 (kind, await self.composer.compose(msg, records, kind, now))
                 for kind, records in plan.notices
             ]
-            ids = await ctx.io.submit(lambda: self._complete(msg, plan, notices, now))
+            complete = partial(self._complete, msg, plan, notices, now)
+            ids = await (ctx.io.here(complete) if not notices and not plan.warn else
+                         ctx.io.submit(complete))
         except InvariantError:
             raise
         except Exception as exc:
@@ -345,6 +351,11 @@ class Finisher:
             if kind == "failure":
                 self.ctx.stats.messages_bounced += 1
             self.ctx.log.info(f"sender {what} notification: {notice_id}", queue_id=qid)
+
+
+def _reads_only(record: Tracked, msg: ActiveMessage) -> bool:
+    """``_prepare`` will only read and rename (no reason appended: no fsync)."""
+    return not (msg.pending_defer or msg.problem or msg.forced_expire or record.op)
 
 
 def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:

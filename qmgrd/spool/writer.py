@@ -283,7 +283,19 @@ class QueueFileWriter:
         header_checks HOLDs: it never appears in incoming/, so no queue scan
         can take it. The caller fsyncs the directory before announcing the id
         (``commit_writers``). SpoolError if anything fails; nothing is left
-        behind then.
+        behind then. The same as ``finish()``, ``sync()`` and ``publish()``
+        in a row: the group committer runs those apart (only ``sync`` in a
+        worker thread).
+        """
+        self.finish()
+        self.sync()
+        return self.publish()
+
+    def finish(self) -> None:
+        """Commit step 1: write what is left and the size record (page cache, no fsync).
+
+        Small and cheap unless a REDIRECT after a flush rebuilds the file
+        (``needs_rebuild``). SpoolError (nothing left behind) if it fails.
         """
         if self._gap_at < 0 or self._closed:
             raise InvariantError("commit without content or after the end")
@@ -311,8 +323,37 @@ class QueueFileWriter:
                 _pwrite_all(self._fd, fixup, self._gap_at)
             if self._flushed:
                 _pwrite_all(self._fd, size, 0)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._buf = bytearray()
+        self._closed = True  # no more add_*/flush; sync and publish follow
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """``finish`` will copy the content to a new file (REDIRECT after a flush)."""
+        return self.redirect is not None and self._flushed > 0
+
+    def sync(self) -> None:
+        """Commit step 2 (worker thread): fsync the file; SpoolError (nothing left) if not."""
+        if self._fd < 0:
+            raise InvariantError("sync before finish")
+        try:
             if self._spool.fsync:
                 os.fsync(self._fd)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+
+    def publish(self) -> str:
+        """Commit step 3: close, link into ``target``, unlink the temporary name; the id.
+
+        No directory fsync (``commit_writers`` or the caller does it once per
+        batch). SpoolError (nothing left behind) if it fails.
+        """
+        if self._fd < 0:
+            raise InvariantError("publish before finish")
+        try:
             os.close(self._fd)
             self._fd = -1
             temp = self._temp()
@@ -325,9 +366,9 @@ class QueueFileWriter:
             os.unlink(temp)
         except OSError as exc:
             self.discard()
+            with contextlib.suppress(OSError):
+                os.unlink(self._temp())
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
-        self._closed = True
-        self._buf = bytearray()
         return self.queue_id
 
     def discard(self) -> None:
@@ -357,21 +398,31 @@ def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str
     committed = [
         (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
     ]
-    if committed and spool.fsync:
-        try:
-            for target in sorted({t for t, _ in committed}):
-                fd = os.open(spool.root / target, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError as exc:
-            for target, queue_id in committed:
-                with contextlib.suppress(OSError):
-                    os.unlink(spool.root / target / queue_id)
-            error = SpoolError(f"queue directory sync error: {exc.strerror or exc}")
-            return [error for _ in results]
-    return results
+    error = sync_directories(spool, committed)
+    return results if error is None else [error for _ in results]
+
+
+def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> SpoolError | None:
+    """Fsync each target directory of ``committed`` (target, queue id) pairs once.
+
+    On failure every committed file is unlinked (none was acknowledged, so none
+    may stay where the queue manager would find it) and the error is returned.
+    """
+    if not committed or not spool.fsync:
+        return None
+    try:
+        for target in sorted({t for t, _ in committed}):
+            fd = os.open(f"{spool.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        for target, queue_id in committed:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{spool.root}/{target}/{queue_id}")
+        return SpoolError(f"queue directory sync error: {exc.strerror or exc}")
+    return None
 
 
 def _padding(length: int) -> bytes:
