@@ -234,7 +234,8 @@ class Finisher:
             spool.remove_reasons("bounce", qid)
         if plan.action in (FinishAction.REMOVED, FinishAction.EXPIRED):
             spool.remove("active", qid)
-            spool.remove_reasons("defer", qid)
+            if msg.deferred:  # else this pass wrote no defer log (the load removed the old one)
+                spool.remove_reasons("defer", qid)
             return ids
         if plan.warn and qf.warn_offset is not None:
             rewrite_warn_time(msg.path, qf.warn_offset, WARNED)

@@ -1,0 +1,131 @@
+"""The group commit keeps only fsyncs off the loop, in the order a lone commit follows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from qmgrd.daemon.iobatch import IoBatcher
+from qmgrd.errors import SpoolError
+from qmgrd.spool import QueueFile, RecipientSpec, Spool
+from qmgrd.spool.commit import GroupCommitter
+from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
+
+T = TypeVar("T")
+HEAD = EnvelopeHead(sender="s@x.test", arrival_time=1_000_000_000.0)
+
+
+class ThreadRunner:
+    """A BlockingRunner that runs each job in a fresh thread and records what it was."""
+
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+
+    async def run(self, fn: Callable[[], T], *, blocking: bool = True) -> T:
+        inner = getattr(fn, "func", fn)
+        self.jobs.append(getattr(inner, "__name__", repr(inner)))
+        return await asyncio.to_thread(fn)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "spool")
+    s.ensure_dirs()
+    return s
+
+
+def _writer(spool: Spool, body: bytes) -> QueueFileWriter:
+    writer = QueueFileWriter(spool, HEAD)
+    writer.add_recipient(RecipientSpec("r@y.test"))
+    writer.begin_content()
+    writer.add_content(body)
+    return writer
+
+
+async def test_only_fsyncs_leave_the_loop_and_files_are_synced_before_the_link(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    events: list[tuple[str, bool]] = []  # (what, on the loop thread)
+    real_fsync, real_link = os.fsync, os.link
+
+    def fsync(fd: int) -> None:
+        what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
+        events.append((what, threading.get_ident() == loop_thread))
+        real_fsync(fd)
+
+    def link(src: str, dst: str) -> None:
+        events.append(("link", threading.get_ident() == loop_thread))
+        real_link(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    runner = ThreadRunner()
+    committer = GroupCommitter(spool, pool=runner)
+    writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
+    ids = await asyncio.gather(*(committer.commit_writer(w) for w in writers))
+    await committer.close()
+
+    assert set(ids) == set(spool.list_ids("incoming"))
+    assert not [n for n in os.listdir(spool.root / "incoming") if n.startswith(".")]
+    for qid in ids:
+        assert QueueFile.open(spool.path("incoming", qid)).content_size == len(b"body 0\n")
+    assert set(runner.jobs) == {"_sync_all", "sync_directories"}
+    assert all(not on_loop for what, on_loop in events if what.endswith("fsync"))
+    assert all(on_loop for what, on_loop in events if what == "link")
+    # Each batch: every file fsync, then every link, then the directory fsync.
+    kinds = [what for what, _ in events]
+    assert kinds[-1] == "dir fsync"
+    first_link = kinds.index("link")
+    assert kinds[:first_link] == ["file fsync"] * first_link
+    assert kinds.count("file fsync") == 5 and kinds.count("link") == 5
+
+
+async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    bad = _writer(spool, b"bad\n")
+    bad_fd: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if bad_fd and fd == bad_fd[0]:
+            bad_fd.clear()  # once: the number is free for reuse after the discard
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    real_finish = QueueFileWriter.finish
+
+    def finish(self: QueueFileWriter) -> None:
+        real_finish(self)
+        if self is bad:
+            bad_fd.append(self._fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(QueueFileWriter, "finish", finish)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    good = _writer(spool, b"good\n")
+    results = await asyncio.gather(
+        committer.commit_writer(bad), committer.commit_writer(good), return_exceptions=True
+    )
+    await committer.close()
+    assert isinstance(results[0], SpoolError)
+    assert isinstance(results[1], str)
+    assert os.listdir(spool.root / "incoming") == [results[1]]
+
+
+async def test_here_runs_on_the_loop_and_hands_back_results_and_errors() -> None:
+    io = IoBatcher()
+    loop_thread = threading.get_ident()
+    assert await io.here(threading.get_ident) == loop_thread
+    failing = io.here(lambda: 1 // 0)
+    assert failing.done()
+    with pytest.raises(ZeroDivisionError):
+        await failing
+    assert io.inline == 2 and io.hops == 0
