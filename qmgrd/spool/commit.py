@@ -18,14 +18,13 @@ callers that have one; it goes through ``Spool.commit_batch``).
 
 At most ``max_batch`` messages go in one batch, bounding the latency of the
 first message in it. The event loop never waits for an fsync. A batch of
-writers is committed in four steps, in the order a lone ``commit`` follows:
-on the loop each writer's last bytes go to the page cache (``finish``); one
-thread hop fsyncs every file (``sync``); on the loop each file is linked into
-its queue (``publish``); a second hop fsyncs the queue directories once. Only
-the fsyncs leave the loop: a worker thread pays a GIL hand-off around every
-system call it makes while the loop is busy, so the small writes, links and
-unlinks cost less on the loop. A batch holding a whole message or a REDIRECT
-that must rebuild its file goes to one hop as a whole (``_commit_batch``).
+writers is committed in two steps: on the loop each writer's last bytes go
+to the page cache (``finish``: the open and the write a worker thread would
+pay a GIL hand-off for each, since the loop holds the lock while busy); then
+one thread hop fsyncs and links each file and fsyncs the queue directories
+once (``commit_writers``), so a message costs the session one hop as before.
+A batch holding a whole message or a REDIRECT that must rebuild its file
+goes to that hop as a whole (``_commit_batch``).
 Hops run on the ``pool`` given (the daemon's regulated
 ``qmgrd.daemon.workpool.WorkPool``, which adds a thread while every worker is
 blocked in fsync), else on asyncio's default executor.
@@ -42,7 +41,7 @@ from typing import Protocol, TypeVar
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
-from qmgrd.spool.writer import QueueFileWriter, commit_writers, sync_directories
+from qmgrd.spool.writer import QueueFileWriter, commit_writers
 
 _T = TypeVar("_T")
 
@@ -134,40 +133,20 @@ class GroupCommitter:
         return await asyncio.to_thread(fn)
 
     async def _staged(self, writers: list[QueueFileWriter]) -> list[str | SpoolError]:
-        """Commit writers with only their fsyncs in threads (see the module doc)."""
+        """Commit writers: the last writes on the loop, the rest in one hop (module doc)."""
         results: list[str | SpoolError | None] = []
-        for writer in writers:  # step 1, on the loop: page-cache writes
+        for writer in writers:  # on the loop: page-cache writes
             try:
                 writer.finish()
                 results.append(None)
             except SpoolError as exc:
                 results.append(exc)
         live = [w for w, r in zip(writers, results, strict=True) if r is None]
-        if live and self.spool.fsync:
-            try:  # step 2, one hop: an fsync per file
-                synced = await self._run(functools.partial(_sync_all, live))
-            except BaseException:
-                for writer in live:
-                    writer.discard()
-                raise
-            failed = dict(zip(map(id, live), synced, strict=True))
-            results = [failed.get(id(w)) if r is None else r for w, r in zip(writers, results,
-                                                                              strict=True)]
-        out: list[str | SpoolError] = []
-        committed: list[tuple[str, str]] = []
-        for writer, result in zip(writers, results, strict=True):
-            if result is None:  # step 3, on the loop: link into the queue
-                try:
-                    result = writer.publish()
-                    committed.append((writer.target, result))
-                except SpoolError as exc:
-                    result = exc
-            out.append(result)
-        if committed and self.spool.fsync:  # step 4, one hop: each queue directory once
-            error = await self._run(functools.partial(sync_directories, self.spool, committed))
-            if error is not None:
-                return [error for _ in out]
-        return out
+        if live:
+            # One hop: fsync and link each file, fsync each queue directory once.
+            done = iter(await self._run(functools.partial(commit_writers, self.spool, live)))
+            results = [next(done) if r is None else r for r in results]
+        return [r for r in results if r is not None]
 
     def _commit_batch(self, batch: list[_Request]) -> list[str | SpoolError]:
         """Worker thread: writers in one pass, whole messages in another; results in order."""
@@ -185,18 +164,6 @@ class GroupCommitter:
         self._closed = True
         if self._flusher is not None:
             await asyncio.shield(self._flusher)
-
-
-def _sync_all(writers: list[QueueFileWriter]) -> list[SpoolError | None]:
-    """Worker thread: fsync each writer's file; its error (file removed) or None."""
-    out: list[SpoolError | None] = []
-    for writer in writers:
-        try:
-            writer.sync()
-            out.append(None)
-        except SpoolError as exc:
-            out.append(exc)
-    return out
 
 
 def _consume(future: asyncio.Future[str]) -> None:

@@ -284,10 +284,11 @@ class QueueFileWriter:
         can take it. The caller fsyncs the directory before announcing the id
         (``commit_writers``). SpoolError if anything fails; nothing is left
         behind then. The same as ``finish()``, ``sync()`` and ``publish()``
-        in a row: the group committer runs those apart (only ``sync`` in a
-        worker thread).
+        in a row; a writer already finished goes on with ``sync()`` (the
+        group committer runs ``finish`` on the loop, the rest in a thread).
         """
-        self.finish()
+        if not self._closed:  # else ``finish`` ran already (on the loop: GroupCommitter)
+            self.finish()
         self.sync()
         return self.publish()
 

@@ -1,4 +1,4 @@
-"""The group commit keeps only fsyncs off the loop, in the order a lone commit follows."""
+"""The group commit: last writes on the loop, fsyncs and links in one hop, in commit order."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ def _writer(spool: Spool, body: bytes) -> QueueFileWriter:
     return writer
 
 
-async def test_only_fsyncs_leave_the_loop_and_files_are_synced_before_the_link(
+async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
     spool: Spool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loop_thread = threading.get_ident()
     events: list[tuple[str, bool]] = []  # (what, on the loop thread)
-    real_fsync, real_link = os.fsync, os.link
+    real_fsync, real_link, real_write = os.fsync, os.link, os.write
 
     def fsync(fd: int) -> None:
         what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
@@ -64,8 +64,13 @@ async def test_only_fsyncs_leave_the_loop_and_files_are_synced_before_the_link(
         events.append(("link", threading.get_ident() == loop_thread))
         real_link(src, dst)
 
+    def write(fd: int, data: bytes) -> int:
+        events.append(("write", threading.get_ident() == loop_thread))
+        return real_write(fd, data)
+
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(os, "write", write)
     runner = ThreadRunner()
     committer = GroupCommitter(spool, pool=runner)
     writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
@@ -76,15 +81,12 @@ async def test_only_fsyncs_leave_the_loop_and_files_are_synced_before_the_link(
     assert not [n for n in os.listdir(spool.root / "incoming") if n.startswith(".")]
     for qid in ids:
         assert QueueFile.open(spool.path("incoming", qid)).content_size == len(b"body 0\n")
-    assert set(runner.jobs) == {"_sync_all", "sync_directories"}
-    assert all(not on_loop for what, on_loop in events if what.endswith("fsync"))
-    assert all(on_loop for what, on_loop in events if what == "link")
-    # Each batch: every file fsync, then every link, then the directory fsync.
+    assert runner.jobs == ["commit_writers"]  # one hop for the batch
+    assert all(on_loop for what, on_loop in events if what == "write")
+    assert not any(on_loop for what, on_loop in events if what != "write")
+    # Each file: written, fsynced, linked; then the directory fsync, once.
     kinds = [what for what, _ in events]
-    assert kinds[-1] == "dir fsync"
-    first_link = kinds.index("link")
-    assert kinds[:first_link] == ["file fsync"] * first_link
-    assert kinds.count("file fsync") == 5 and kinds.count("link") == 5
+    assert kinds == ["write"] * 5 + ["file fsync", "link"] * 5 + ["dir fsync"]
 
 
 async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
