@@ -47,7 +47,6 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import partial
 
 from qmgrd.core.backoff import delay_warning_due, is_expired, next_attempt
 from qmgrd.daemon.context import EngineContext
@@ -128,17 +127,14 @@ class Finisher:
                 when = await ctx.io.submit(lambda: self._safe_defer(msg, now))
                 self._report(record, _Plan(FinishAction.DEFERRED, next_attempt=when), [], now)
                 return
-            # Jobs that cannot fsync run on the loop (IoBatcher.here), the others in a thread.
-            prepare = partial(self._prepare, record, msg, now)
-            plan = await (ctx.io.here(prepare) if _reads_only(record, msg) else
-                          ctx.io.submit(prepare))
-            notices = [
-                (kind, await self.composer.compose(msg, records, kind, now))
-                for kind, records in plan.notices
-            ]
-            complete = partial(self._complete, msg, plan, notices, now)
-            ids = await (ctx.io.here(complete) if not notices and not plan.warn else
-                         ctx.io.submit(complete))
+            # One thread hop for the common finish; two when notices are composed between.
+            plan, ids = await ctx.io.submit(lambda: self._prepare_and_complete(record, msg, now))
+            if ids is None:
+                notices = [
+                    (kind, await self.composer.compose(msg, records, kind, now))
+                    for kind, records in plan.notices
+                ]
+                ids = await ctx.io.submit(lambda: self._complete(msg, plan, notices, now))
         except InvariantError:
             raise
         except Exception as exc:
@@ -147,6 +143,16 @@ class Finisher:
         self._report(record, plan, ids, now)
 
     # ------------------------------------------------------------------ file jobs
+
+    def _prepare_and_complete(
+        self, record: Tracked, msg: ActiveMessage, now: float
+    ) -> tuple[_Plan, list[tuple[NoticeKind, str]] | None]:
+        """Worker thread: ``_prepare``, then ``_complete`` unless notices are to be composed
+        (None: the caller composes them on the loop and completes in a second job)."""
+        plan = self._prepare(record, msg, now)
+        if plan.notices:
+            return plan, None
+        return plan, self._complete(msg, plan, [], now)
 
     def _prepare(self, record: Tracked, msg: ActiveMessage, now: float) -> _Plan:
         """Worker thread: steps 1-4 and the decision of step 5."""
@@ -352,11 +358,6 @@ class Finisher:
             if kind == "failure":
                 self.ctx.stats.messages_bounced += 1
             self.ctx.log.info(f"sender {what} notification: {notice_id}", queue_id=qid)
-
-
-def _reads_only(record: Tracked, msg: ActiveMessage) -> bool:
-    """``_prepare`` will only read and rename (no reason appended: no fsync)."""
-    return not (msg.pending_defer or msg.problem or msg.forced_expire or record.op)
 
 
 def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:

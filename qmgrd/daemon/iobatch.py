@@ -8,13 +8,6 @@ fsync does not hold up everything behind it.
 
 Hops run on a regulated ``WorkPool`` when one is given (``pool=``; the daemon
 shares one, see ``qmgrd.daemon.workpool``), else on asyncio's default executor.
-
-``here(fn)`` is for the small page-cache jobs that cannot block for long: a
-rename, an unlink, an open and a read of a small queue file, never an fsync.
-It runs ``fn`` at once on the loop thread and returns its outcome as a done
-future, so the caller's code reads the same either way. A thread hop costs
-far more than such a job: the worker's wake-up, its GIL hand-offs around every
-system call (the loop holds the GIL while busy) and the result's trip back.
 """
 
 from __future__ import annotations
@@ -56,7 +49,6 @@ class IoBatcher:
         self._running: set[asyncio.Task[None]] = set()
         self.hops = 0  # thread hops made (for benchmarks and tests)
         self.jobs = 0  # jobs run
-        self.inline = 0  # jobs run on the loop thread (``here``)
 
     def submit(self, fn: Callable[[], T]) -> asyncio.Future[T]:
         """Queue ``fn`` to run in a worker thread; await the returned future for its result."""
@@ -67,18 +59,6 @@ class IoBatcher:
             task = loop.create_task(self._drain())
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-        return future
-
-    def here(self, fn: Callable[[], T]) -> asyncio.Future[T]:
-        """Run ``fn`` (no fsync: see the module doc) on the loop now; a done future of it."""
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self.inline += 1
-        try:
-            future.set_result(fn())
-        except BaseException as exc:  # handed back to the awaiting coroutine, as submit does
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                raise
-            future.set_exception(exc)
         return future
 
     async def _drain(self) -> None:

@@ -202,7 +202,7 @@ class Loader:
             return path, qf, bounced, forced
 
         try:
-            loaded = await ctx.io.here(work)  # a rename and small reads: on the loop
+            loaded = await ctx.io.submit(work)
         except InvariantError:
             raise
         except Exception as exc:  # disk trouble (or worse): the file stays where it was
@@ -277,7 +277,7 @@ class Loader:
             ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
             return
         try:
-            records, next_offset = await ctx.io.here(
+            records, next_offset = await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
         except QueueFileIOError as exc:

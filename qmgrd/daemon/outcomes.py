@@ -31,7 +31,6 @@ Ordering rules that keep mail safe:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 from qmgrd.core.entry import Entry
 from qmgrd.core.message import ResolvedRecipient
@@ -41,7 +40,7 @@ from qmgrd.delivery.agent import DeliveryResult, Outcome, RecipientResult
 from qmgrd.delivery.dsn import wants_notice
 from qmgrd.errors import InvariantError
 from qmgrd.spool import ReasonRecord
-from qmgrd.spool.records import mark_done, sync_and_close, write_done_marks
+from qmgrd.spool.records import mark_done
 
 __all__ = ["Recorder", "delays", "fmt_delay", "reason_record"]
 
@@ -78,13 +77,8 @@ class Recorder:
             if defer:
                 spool.append_reasons("defer", msg.queue_id, defer)
 
-        io = self.ctx.io
         try:
-            if done and not bounce and not defer:  # the common case: marks on the loop,
-                fd = await io.here(partial(write_done_marks, msg.path, done))
-                await io.submit(partial(sync_and_close, fd, msg.path))  # the fsync in a thread
-            else:
-                await io.submit(work)
+            await self.ctx.io.submit(work)
         except InvariantError:
             raise
         except Exception as exc:

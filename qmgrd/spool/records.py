@@ -557,16 +557,6 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
     An offset that does not hold an R or D is a bug in the caller
     (InvariantError); marking a done recipient again is harmless.
     """
-    fd = write_done_marks(path, offsets)
-    sync_and_close(fd, path, fsync=fsync)
-
-
-def write_done_marks(path: Path, offsets: Iterable[int]) -> int:
-    """``mark_done`` without its fsync: the marks in the page cache; the open descriptor.
-
-    The caller hands it to ``sync_and_close`` (in a worker thread: the fsync
-    blocks). Small enough for the event loop: an open, a read and a write each.
-    """
     try:
         fd = open_regular(path, os.O_RDWR)
     except OSError as exc:
@@ -580,17 +570,6 @@ def write_done_marks(path: Path, offsets: Iterable[int]) -> int:
                 os.pwrite(fd, b"D", offset)
             elif current != b"D":
                 raise InvariantError(f"{path}: offset {offset} is not a recipient record")
-    except BaseException as exc:
-        os.close(fd)
-        if isinstance(exc, OSError):
-            raise QueueFileIOError(f"{path}: cannot update queue file: {exc.strerror}") from exc
-        raise
-    return fd
-
-
-def sync_and_close(fd: int, path: Path, *, fsync: bool = True) -> None:
-    """Fsync (unless ``fsync`` is false) and close ``fd`` of ``path``; closed even on error."""
-    try:
         if fsync:
             os.fsync(fd)
     except OSError as exc:

@@ -11,7 +11,6 @@ from typing import TypeVar
 
 import pytest
 
-from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.errors import SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool
 from qmgrd.spool.commit import GroupCommitter
@@ -120,14 +119,3 @@ async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
     assert isinstance(results[0], SpoolError)
     assert isinstance(results[1], str)
     assert os.listdir(spool.root / "incoming") == [results[1]]
-
-
-async def test_here_runs_on_the_loop_and_hands_back_results_and_errors() -> None:
-    io = IoBatcher()
-    loop_thread = threading.get_ident()
-    assert await io.here(threading.get_ident) == loop_thread
-    failing = io.here(lambda: 1 // 0)
-    assert failing.done()
-    with pytest.raises(ZeroDivisionError):
-        await failing
-    assert io.inline == 2 and io.hops == 0
