@@ -60,18 +60,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.head import EnvelopeHead
 from qmgrd.spool.records import (
-    REC_ATTR,
     REC_CONTENT,
     REC_DONE,
     REC_END,
-    REC_SENDER,
     REC_SIZE,
-    REC_TIME,
-    REC_WARN,
     RecipientSpec,
     _encode_recipient,  # the R record encoding, shared with one-shot writes
     encode_record,
@@ -79,62 +75,19 @@ from qmgrd.spool.records import (
 )
 from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
 
+__all__ = [
+    "FLUSH_SIZE",
+    "EnvelopeHead",
+    "QueueFileWriter",
+    "commit_writers",
+    "sync_directories",
+]
+
 GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
 FLUSH_SIZE = 128 * 1024
 COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
-
-
-@dataclass(frozen=True, slots=True)
-class EnvelopeHead:
-    """What is known of a message at MAIL: everything but recipients and content."""
-
-    sender: str  # "" = null sender
-    arrival_time: float
-    envid: str | None = None
-    ret: str | None = None  # FULL | HDRS
-    smtputf8: bool = False
-    body: str | None = None  # 7BIT | 8BITMIME
-    client_name: str | None = None
-    client_addr: str | None = None
-    helo: str | None = None
-    warn_time: int | None = None
-    sasl_username: str | None = None  # the session's AUTH identity (fairness keys)
-
-    def __post_init__(self) -> None:
-        if self.ret not in (None, "FULL", "HDRS"):
-            raise InvariantError(f"bad RET value {self.ret!r}")
-        if self.body not in (None, "7BIT", "8BITMIME"):
-            raise InvariantError(f"bad BODY value {self.body!r}")
-
-    def encode(self) -> bytes:
-        """The T, S, A and W records, in the order ``encode_queue_file`` writes them."""
-
-        def enc(text: str) -> bytes:
-            return text.encode("utf-8", "surrogateescape")
-
-        sec, usec = divmod(round(self.arrival_time * 1e6), 1_000_000)
-        recs = [
-            encode_record(REC_TIME, f"{sec} {usec}".encode()),
-            encode_record(REC_SENDER, enc(self.sender)),
-        ]
-        attrs = {
-            "envid": self.envid,
-            "ret": self.ret,
-            "smtputf8": "1" if self.smtputf8 else None,
-            "body": self.body,
-            "client_name": self.client_name,
-            "client_addr": self.client_addr,
-            "helo": self.helo,
-            "sasl_username": self.sasl_username,
-        }
-        recs += [
-            encode_record(REC_ATTR, enc(f"{k}={v}")) for k, v in attrs.items() if v is not None
-        ]
-        if self.warn_time is not None:
-            recs.append(encode_record(REC_WARN, b"%15d" % self.warn_time))
-        return b"".join(recs)
 
 
 class QueueFileWriter:
