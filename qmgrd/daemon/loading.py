@@ -171,7 +171,7 @@ class Loader:
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
 
-        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool] | None:
+        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool, Prefetch] | None:
             try:
                 path = spool.move(queue_id, src, "active")
             except SpoolError:
@@ -191,15 +191,15 @@ class Loader:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise
             except SpoolError as exc:
-                return path, exc, bounced, False
+                return path, exc, bounced, False, None
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
-                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False, None
             try:
                 forced = is_forced_expire(os.stat(path).st_mode)
             except OSError as exc:
                 spool.move(queue_id, "active", src)
                 raise QueueFileIOError(f"{path}: cannot stat: {exc.strerror}") from exc
-            return path, qf, bounced, forced
+            return path, qf, bounced, forced, _prefetch(qf)
 
         try:
             loaded = await ctx.io.submit(work)
@@ -220,13 +220,14 @@ class Loader:
         if loaded is None:
             ctx.table.done(record)
             return
-        path, qf, bounced, forced = loaded
+        path, qf, bounced, forced, prefetch = loaded
         if isinstance(qf, SpoolError):
             await self._quarantine(record, str(qf))
             return
         msg = ActiveMessage(
             queue_id, path, qf, queued_time=now, bounced=bounced, forced_expire=forced
         )
+        msg.prefetch = prefetch
         record.active = msg
         ctx.table.move(record, MessageState.IN_CORE)
         ctx.scheduler.message_create(
@@ -277,7 +278,8 @@ class Loader:
             ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
             return
         try:
-            records, next_offset = await ctx.io.submit(
+            covered = _from_prefetch(msg, request)
+            records, next_offset = covered if covered is not None else await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
         except QueueFileIOError as exc:
@@ -331,3 +333,37 @@ class Loader:
         return ResolvedRecipient(
             record.address, record.offset, resolved.transport, resolved.nexthop, name, record
         )
+
+
+PREFETCH = 32  # recipients the load's job reads ahead for the first read request
+# (offset, the records or the read's exception, next offset), or None.
+Prefetch = tuple[int, list[RecipientRecord] | Exception, int] | None
+
+
+def _prefetch(qf: QueueFile) -> Prefetch:
+    """Worker thread (the load's job): the first ``PREFETCH`` recipients; a failed read is
+    kept, and raised by the read request it answers, so it is reported as before."""
+    offset = qf.first_recipient_offset
+    try:
+        records, next_offset = qf.read_recipients(offset, PREFETCH)
+    except Exception as exc:
+        return offset, exc, 0
+    return offset, records, next_offset
+
+
+def _from_prefetch(
+    msg: ActiveMessage, request: ReadRequest
+) -> tuple[list[RecipientRecord], int] | None:
+    """What ``read_recipients(request.offset, request.limit)`` returns (or raises), from the
+    prefetch if it covers the request (used once), else None."""
+    prefetch, msg.prefetch = msg.prefetch, None
+    if prefetch is None or prefetch[0] != request.offset or request.limit < 1:
+        return None
+    _offset, records, next_offset = prefetch
+    if isinstance(records, Exception):
+        raise records
+    if len(records) > request.limit:  # the next R record starts where the read would stop
+        return records[: request.limit], records[request.limit].offset
+    if len(records) == request.limit or next_offset == 0:
+        return records, next_offset
+    return None  # the request wants more than was read ahead
