@@ -46,6 +46,7 @@ from pathlib import Path
 
 from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
+from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
@@ -335,17 +336,20 @@ class Loader:
         )
 
 
-PREFETCH = 32  # recipients the load's job reads ahead for the first read request
+# Recipients the load's job reads ahead: as many as a read request may ask (the core's
+# cap), so the prefetch always answers the first request and every message's first read
+# takes the same path (the order messages become ready in stays the order of their loads).
+PREFETCH = READ_BATCH_LIMIT
 # (offset, the records or the read's exception, next offset), or None.
 Prefetch = tuple[int, list[RecipientRecord] | Exception, int] | None
 
 
-def _prefetch(qf: QueueFile) -> Prefetch:
-    """Worker thread (the load's job): the first ``PREFETCH`` recipients; a failed read is
+def _prefetch(qf: QueueFile, limit: int = PREFETCH) -> Prefetch:
+    """Worker thread (the load's job): the first ``limit`` recipients; a failed read is
     kept, and raised by the read request it answers, so it is reported as before."""
     offset = qf.first_recipient_offset
     try:
-        records, next_offset = qf.read_recipients(offset, PREFETCH)
+        records, next_offset = qf.read_recipients(offset, limit)
     except Exception as exc:
         return offset, exc, 0
     return offset, records, next_offset

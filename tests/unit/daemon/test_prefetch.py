@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmgrd.core.message import Message, ReadRequest
+from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.daemon.loading import PREFETCH, _from_prefetch, _prefetch
 from qmgrd.daemon.table import ActiveMessage
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, mark_done
@@ -26,11 +27,18 @@ def _message(spool: Spool, count: int, done: set[int]) -> ActiveMessage:
     return ActiveMessage(qid, path, qf, queued_time=0.0)
 
 
+AHEAD = 32  # a small read-ahead for the property (the daemon's is the core's read cap)
+
+
+def test_the_read_ahead_covers_any_read_request() -> None:
+    assert PREFETCH == READ_BATCH_LIMIT
+
+
 @settings(max_examples=60, deadline=None)
 @given(
-    count=st.integers(1, PREFETCH + 8),
-    done=st.sets(st.integers(0, PREFETCH + 8), max_size=6),
-    limit=st.integers(1, PREFETCH + 10),
+    count=st.integers(1, AHEAD + 8),
+    done=st.sets(st.integers(0, AHEAD + 8), max_size=6),
+    limit=st.integers(1, AHEAD + 10),
 )
 def test_prefetch_equals_a_read(
     tmp_path_factory: pytest.TempPathFactory, count: int, done: set[int], limit: int
@@ -41,7 +49,7 @@ def test_prefetch_equals_a_read(
     done = {d for d in done if d < count - 1}  # keep one recipient to deliver
     msg = _message(spool, count, done)
     qf = msg.qf
-    msg.prefetch = ahead = _prefetch(qf)
+    msg.prefetch = ahead = _prefetch(qf, AHEAD)
     assert ahead is not None
     request = ReadRequest(
         Message(msg.queue_id, 0.0, count, limit), qf.first_recipient_offset, limit
@@ -50,6 +58,6 @@ def test_prefetch_equals_a_read(
     want = qf.read_recipients(qf.first_recipient_offset, limit)
     assert msg.prefetch is None  # used once
     if got is None:  # only when the request wants more than was read ahead
-        assert limit > PREFETCH and ahead[2] != 0
+        assert limit > AHEAD and ahead[2] != 0
     else:
         assert got == want
