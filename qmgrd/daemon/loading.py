@@ -22,7 +22,10 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   where it was, to be loaded again. A system error while opening the moved
   file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
   file: it is moved back where it came from and loaded again later (logged),
-  never quarantined.
+  never quarantined. The load's job also reads the first recipients ahead (as
+  many as a read request may ask): the message's first read request is
+  answered from them without a thread hop of its own, with the same records,
+  resume offset and errors a read would give.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
