@@ -11,7 +11,6 @@ Postfix's meaning), ``permit_mynetworks``, ``permit_sasl_authenticated``,
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from qmgrd.cleanup.checks import HeaderChecks, open_header_checks
 from qmgrd.config.config import Config
 from qmgrd.config.maps import open_maps, setting_where
 from qmgrd.errors import ConfigError
+from qmgrd.netaddr import parse_ip
 
 NO_HEADER_CHECKS = HeaderChecks(())
 LOCAL_CLIENT_RULES = frozenset(
@@ -124,7 +124,7 @@ class CleanupSettings:
 
 def _is_loopback(addr: str) -> bool:
     try:
-        return ipaddress.ip_address(addr.strip("[]").removeprefix("IPv6:")).is_loopback
+        return parse_ip(addr.strip("[]").removeprefix("IPv6:")).is_loopback
     except ValueError:
         return False
 

@@ -50,26 +50,27 @@ from datetime import UTC, datetime
 
 from qmgrd.core.backoff import delay_warning_due, is_expired, next_attempt
 from qmgrd.daemon.context import EngineContext
+from qmgrd.daemon.finishreasons import (
+    INTERNAL_DSN,
+    expire_reasons,
+    internal_reasons,
+    notice_envelope,
+    wanting_notice,
+)
 from qmgrd.daemon.notices import NoticeComposer, NoticeKind
 from qmgrd.daemon.outcomes import delays, fmt_delay
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked
-from qmgrd.delivery.agent import Recipient
-from qmgrd.delivery.dsn import wants_notice
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.ops.operation import Operation
 from qmgrd.ops.spoolops import settle_in_core
 from qmgrd.spool import (
     WARNED,
-    Envelope,
     ReasonRecord,
-    RecipientSpec,
-    Spool,
     rewrite_warn_time,
 )
 
 __all__ = ["INTERNAL_DSN", "FinishAction", "Finisher"]
 
-INTERNAL_DSN = "4.3.0"
 SAFE_AFTER = 3  # failed finishes (not disk errors) before the message is simply deferred
 _MAX_BACKOFF_STEPS = 6
 
@@ -127,12 +128,14 @@ class Finisher:
                 when = await ctx.io.submit(lambda: self._safe_defer(msg, now))
                 self._report(record, _Plan(FinishAction.DEFERRED, next_attempt=when), [], now)
                 return
-            plan = await ctx.io.submit(lambda: self._prepare(record, msg, now))
-            notices = [
-                (kind, await self.composer.compose(msg, records, kind, now))
-                for kind, records in plan.notices
-            ]
-            ids = await ctx.io.submit(lambda: self._complete(msg, plan, notices, now))
+            # One thread hop for the common finish; two when notices are composed between.
+            plan, ids = await ctx.io.submit(lambda: self._prepare_and_complete(record, msg, now))
+            if ids is None:
+                notices = [
+                    (kind, await self.composer.compose(msg, records, kind, now))
+                    for kind, records in plan.notices
+                ]
+                ids = await ctx.io.submit(lambda: self._complete(msg, plan, notices, now))
         except InvariantError:
             raise
         except Exception as exc:
@@ -141,6 +144,16 @@ class Finisher:
         self._report(record, plan, ids, now)
 
     # ------------------------------------------------------------------ file jobs
+
+    def _prepare_and_complete(
+        self, record: Tracked, msg: ActiveMessage, now: float
+    ) -> tuple[_Plan, list[tuple[NoticeKind, str]] | None]:
+        """Worker thread: ``_prepare``, then ``_complete`` unless notices are to be composed
+        (None: the caller composes them on the loop and completes in a second job)."""
+        plan = self._prepare(record, msg, now)
+        if plan.notices:
+            return plan, None
+        return plan, self._complete(msg, plan, [], now)
 
     def _prepare(self, record: Tracked, msg: ActiveMessage, now: float) -> _Plan:
         """Worker thread: steps 1-4 and the decision of step 5."""
@@ -155,13 +168,13 @@ class Finisher:
             settle_in_core(spool, record.op, qid, now)
             return _Plan(FinishAction.OPERATOR)
         if msg.problem is not None:
-            reasons = _internal_reasons(msg, msg.problem, now)
+            reasons = internal_reasons(msg, msg.problem, now)
             if reasons:
                 spool.append_reasons("defer", qid, reasons)
             msg.problem = None
             msg.deferred = True
         if msg.forced_expire:
-            reasons = _expire_reasons(spool, msg, now)
+            reasons = expire_reasons(spool, msg, now)
             if reasons:
                 spool.append_reasons("defer", qid, reasons)
             msg.deferred = msg.deferred or bool(reasons)
@@ -184,7 +197,7 @@ class Finisher:
             # Postfix returns the defer log as it is: the 4.x.x status and its reason,
             # with Action: failed in the notice (bounce_recipient_dsn).
             plan.expired = tuple(spool.read_reasons("defer", qid))
-            wanted = _wanted(plan.expired, "failure")
+            wanted = wanting_notice(plan.expired, "failure")
             if wanted and qf.sender:
                 plan.notices.append(("failure", wanted))
             return plan
@@ -199,7 +212,7 @@ class Finisher:
             and qf.warn_time != WARNED
             and delay_warning_due(now, float(qf.warn_time))
         ):
-            records = _wanted(spool.read_reasons("defer", qid), "delay")
+            records = wanting_notice(spool.read_reasons("defer", qid), "delay")
             if records:
                 plan.notices.append(("delay", records))
             plan.warn = True
@@ -221,14 +234,15 @@ class Finisher:
         spool, qid, qf = self.ctx.spool, msg.queue_id, msg.qf
         if plan.action in (FinishAction.CORRUPT, FinishAction.OPERATOR):
             return []
-        ids = [(kind, spool.commit(_notice_envelope(qf.sender, body, now), body))
+        ids = [(kind, spool.commit(notice_envelope(qf.sender, body, now), body))
                for kind, body in notices]
         if msg.bounced:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
         if plan.action in (FinishAction.REMOVED, FinishAction.EXPIRED):
             spool.remove("active", qid)
-            spool.remove_reasons("defer", qid)
+            if msg.deferred:  # else this pass wrote no defer log (the load removed the old one)
+                spool.remove_reasons("defer", qid)
             return ids
         if plan.warn and qf.warn_offset is not None:
             rewrite_warn_time(msg.path, qf.warn_offset, WARNED)
@@ -241,7 +255,7 @@ class Finisher:
         if msg.pending_defer:
             spool.append_reasons("defer", qid, msg.pending_defer)
             msg.pending_defer = []
-        reasons = _internal_reasons(
+        reasons = internal_reasons(
             msg, "internal error: cannot finish the message (see the log)", now
         )
         if reasons:
@@ -345,54 +359,3 @@ class Finisher:
             if kind == "failure":
                 self.ctx.stats.messages_bounced += 1
             self.ctx.log.info(f"sender {what} notification: {notice_id}", queue_id=qid)
-
-
-def _notice_envelope(sender: str, notice: bytes, now: float) -> Envelope:
-    """The notice's envelope: from the null sender; BODY=8BITMIME when it carries 8-bit bytes
-    (an attached original), so the next hop is told (RFC 6152)."""
-    return Envelope(
-        sender="",
-        recipients=(RecipientSpec(sender),),
-        arrival_time=now,
-        body=None if notice.isascii() else "8BITMIME",
-        client_name="localhost",
-        client_addr="127.0.0.1",
-    )
-
-
-def _internal_reasons(msg: ActiveMessage, reason: str, now: float) -> list[ReasonRecord]:
-    """A ``4.3.0`` defer reason for every recipient still to deliver (best effort)."""
-    try:
-        records = msg.qf.read_all_recipients()
-    except (OSError, SpoolError):
-        return []
-    return [
-        ReasonRecord(r.address, INTERNAL_DSN, "delayed", reason, now, "none", r.orcpt,
-                     tuple(sorted(r.notify)))
-        for r in records
-    ]
-
-
-FORCED_EXPIRE_DSN = "4.7.0"
-FORCED_EXPIRE_TEXT = "message is administratively expired"  # Postfix's words (postsuper -e)
-
-
-def _expire_reasons(spool: Spool, msg: ActiveMessage, now: float) -> list[ReasonRecord]:
-    """A ``4.7.0`` reason for every recipient still to deliver that has none from this pass."""
-    have = {r.address for r in spool.read_reasons("defer", msg.queue_id)}
-    return [
-        ReasonRecord(r.address, FORCED_EXPIRE_DSN, "delayed", FORCED_EXPIRE_TEXT, now, "none",
-                     r.orcpt, tuple(sorted(r.notify)))
-        for r in msg.qf.read_all_recipients()
-        if r.address not in have
-    ]
-
-
-def _wanted(records: tuple[ReasonRecord, ...] | list[ReasonRecord], kind: NoticeKind
-            ) -> list[ReasonRecord]:
-    """The records whose recipient wants a ``kind`` notice (DSN NOTIFY, RFC 3461 §4.1)."""
-    return [
-        r
-        for r in records
-        if wants_notice(Recipient(r.address, 0, r.orcpt, frozenset(r.notify)), kind)
-    ]

@@ -22,7 +22,10 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   where it was, to be loaded again. A system error while opening the moved
   file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
   file: it is moved back where it came from and loaded again later (logged),
-  never quarantined.
+  never quarantined. The load's job also reads the first recipients ahead (as
+  many as a read request may ask): the message's first read request is
+  answered from them without a thread hop of its own, with the same records,
+  resume offset and errors a read would give.
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -46,6 +49,7 @@ from pathlib import Path
 
 from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
+from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
@@ -171,7 +175,7 @@ class Loader:
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
 
-        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool] | None:
+        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool, Prefetch] | None:
             try:
                 path = spool.move(queue_id, src, "active")
             except SpoolError:
@@ -191,15 +195,15 @@ class Loader:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise
             except SpoolError as exc:
-                return path, exc, bounced, False
+                return path, exc, bounced, False, None
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
-                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False, None
             try:
                 forced = is_forced_expire(os.stat(path).st_mode)
             except OSError as exc:
                 spool.move(queue_id, "active", src)
                 raise QueueFileIOError(f"{path}: cannot stat: {exc.strerror}") from exc
-            return path, qf, bounced, forced
+            return path, qf, bounced, forced, _prefetch(qf)
 
         try:
             loaded = await ctx.io.submit(work)
@@ -220,13 +224,14 @@ class Loader:
         if loaded is None:
             ctx.table.done(record)
             return
-        path, qf, bounced, forced = loaded
+        path, qf, bounced, forced, prefetch = loaded
         if isinstance(qf, SpoolError):
             await self._quarantine(record, str(qf))
             return
         msg = ActiveMessage(
             queue_id, path, qf, queued_time=now, bounced=bounced, forced_expire=forced
         )
+        msg.prefetch = prefetch
         record.active = msg
         ctx.table.move(record, MessageState.IN_CORE)
         ctx.scheduler.message_create(
@@ -277,7 +282,8 @@ class Loader:
             ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
             return
         try:
-            records, next_offset = await ctx.io.submit(
+            covered = _from_prefetch(msg, request)
+            records, next_offset = covered if covered is not None else await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
         except QueueFileIOError as exc:
@@ -331,3 +337,40 @@ class Loader:
         return ResolvedRecipient(
             record.address, record.offset, resolved.transport, resolved.nexthop, name, record
         )
+
+
+# Recipients the load's job reads ahead: as many as a read request may ask (the core's
+# cap), so the prefetch always answers the first request and every message's first read
+# takes the same path (the order messages become ready in stays the order of their loads).
+PREFETCH = READ_BATCH_LIMIT
+# (offset, the records or the read's exception, next offset), or None.
+Prefetch = tuple[int, list[RecipientRecord] | Exception, int] | None
+
+
+def _prefetch(qf: QueueFile, limit: int = PREFETCH) -> Prefetch:
+    """Worker thread (the load's job): the first ``limit`` recipients; a failed read is
+    kept, and raised by the read request it answers, so it is reported as before."""
+    offset = qf.first_recipient_offset
+    try:
+        records, next_offset = qf.read_recipients(offset, limit)
+    except Exception as exc:
+        return offset, exc, 0
+    return offset, records, next_offset
+
+
+def _from_prefetch(
+    msg: ActiveMessage, request: ReadRequest
+) -> tuple[list[RecipientRecord], int] | None:
+    """What ``read_recipients(request.offset, request.limit)`` returns (or raises), from the
+    prefetch if it covers the request (used once), else None."""
+    prefetch, msg.prefetch = msg.prefetch, None
+    if prefetch is None or prefetch[0] != request.offset or request.limit < 1:
+        return None
+    _offset, records, next_offset = prefetch
+    if isinstance(records, Exception):
+        raise records
+    if len(records) > request.limit:  # the next R record starts where the read would stop
+        return records[: request.limit], records[request.limit].offset
+    if len(records) == request.limit or next_offset == 0:
+        return records, next_offset
+    return None  # the request wants more than was read ahead

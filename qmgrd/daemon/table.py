@@ -102,6 +102,9 @@ class ActiveMessage:
     problem: str | None = None  # a step or the system failed: defer with this reason text
     pending_defer: list[ReasonRecord] = field(default_factory=list)  # not yet in defer/
     forced_expire: bool = False  # marked by ``qmgrd expire``: returned when this pass ends
+    # The first recipients, read by the load's own job: (offset, records or the read's
+    # exception, next offset); the first read request they cover needs no job (Loader.read).
+    prefetch: tuple[int, list[RecipientRecord] | Exception, int] | None = None
 
 
 @dataclass(slots=True, eq=False)

@@ -16,6 +16,7 @@ from qmgrd.cleanup import CleanupSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import Credentials, load_password_file
 from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
+from qmgrd.netaddr import parse_ip
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -143,7 +144,7 @@ class ListenerSettings:
 
 def _in_networks(addr: str, networks: tuple[Network, ...]) -> bool:
     try:
-        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+        ip = parse_ip(addr.split("%", 1)[0])
     except ValueError:
         return False
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

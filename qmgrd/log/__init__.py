@@ -170,6 +170,7 @@ class LogOutput:
             after_in_child=lambda: _call(ref, LogOutput._forked),
         )
         self._stamp_second = -1  # the second ``_stamp`` was rendered for
+        self._pid = os.getpid()  # for each line's [pid]; a forked child sets its own
         self._stamp = ""
         if self.path is not None:
             destination = "stream"
@@ -238,7 +239,7 @@ class LogOutput:
             self._stamp_second = second
             self._stamp = syslog_timestamp(now)
         name = f"{self.program}/{escape(component)}" if component else self.program
-        return f"{self._stamp} {self.hostname} {name}[{os.getpid()}]: {text}"
+        return f"{self._stamp} {self.hostname} {name}[{self._pid}]: {text}"
 
     def __call__(self, *_args: Any) -> LogOutput:
         """structlog's logger factory: every logger writes through this output."""
@@ -259,7 +260,7 @@ class LogOutput:
                     self._sink.send(
                         message,
                         identifier=identifier,
-                        pid=os.getpid(),
+                        pid=self._pid,
                         priority=priority,
                         queue_id=queue_id,
                     )
@@ -311,6 +312,7 @@ class LogOutput:
         self._lock = threading.Lock()
         self._pending.clear()
         self._flush_loop = None
+        self._pid = os.getpid()
 
     def _write_pending(self) -> None:
         """Write the queued lines to the file (lock held)."""

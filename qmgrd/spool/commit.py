@@ -17,10 +17,17 @@ filled while the message arrived (``commit_writer``; see
 callers that have one; it goes through ``Spool.commit_batch``).
 
 At most ``max_batch`` messages go in one batch, bounding the latency of the
-first message in it. The event loop never blocks on disk I/O. Batches run on
-the ``pool`` given (the daemon's regulated ``qmgrd.daemon.workpool.WorkPool``,
-which adds a thread while every worker is blocked in fsync), else on
-asyncio's default executor.
+first message in it. The event loop never waits for an fsync. A batch of
+writers is committed in two steps: on the loop each writer's last bytes go
+to the page cache (``finish``: the open and the write a worker thread would
+pay a GIL hand-off for each, since the loop holds the lock while busy); then
+one thread hop fsyncs and links each file and fsyncs the queue directories
+once (``commit_writers``), so a message costs the session one hop as before.
+A batch holding a whole message or a REDIRECT that must rebuild its file
+goes to that hop as a whole (``_commit_batch``).
+Hops run on the ``pool`` given (the daemon's regulated
+``qmgrd.daemon.workpool.WorkPool``, which adds a thread while every worker is
+blocked in fsync), else on asyncio's default executor.
 """
 
 from __future__ import annotations
@@ -102,10 +109,11 @@ class GroupCommitter:
                 batch = self._pending[: self.max_batch]
                 del self._pending[: self.max_batch]
                 try:
-                    if self.pool is not None:
-                        results = await self.pool.run(functools.partial(self._commit_batch, batch))
+                    writers = [r.item for r in batch if isinstance(r.item, QueueFileWriter)]
+                    if len(writers) == len(batch) and not any(w.needs_rebuild for w in writers):
+                        results = await self._staged(writers)
                     else:
-                        results = await asyncio.to_thread(self._commit_batch, batch)
+                        results = await self._run(functools.partial(self._commit_batch, batch))
                 except Exception as exc:  # a bug or an unexpected error: fail the batch
                     failure = SpoolError(f"queue file write error: {exc}")
                     results = [failure for _ in batch]
@@ -118,6 +126,27 @@ class GroupCommitter:
                         request.future.set_exception(result)
         finally:
             self._flusher = None
+
+    async def _run(self, fn: Callable[[], _T]) -> _T:
+        if self.pool is not None:
+            return await self.pool.run(fn)
+        return await asyncio.to_thread(fn)
+
+    async def _staged(self, writers: list[QueueFileWriter]) -> list[str | SpoolError]:
+        """Commit writers: the last writes on the loop, the rest in one hop (module doc)."""
+        results: list[str | SpoolError | None] = []
+        for writer in writers:  # on the loop: page-cache writes
+            try:
+                writer.finish()
+                results.append(None)
+            except SpoolError as exc:
+                results.append(exc)
+        live = [w for w, r in zip(writers, results, strict=True) if r is None]
+        if live:
+            # One hop: fsync and link each file, fsync each queue directory once.
+            done = iter(await self._run(functools.partial(commit_writers, self.spool, live)))
+            results = [next(done) if r is None else r for r in results]
+        return [r for r in results if r is not None]
 
     def _commit_batch(self, batch: list[_Request]) -> list[str | SpoolError]:
         """Worker thread: writers in one pass, whole messages in another; results in order."""

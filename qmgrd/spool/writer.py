@@ -60,18 +60,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.head import EnvelopeHead
 from qmgrd.spool.records import (
-    REC_ATTR,
     REC_CONTENT,
     REC_DONE,
     REC_END,
-    REC_SENDER,
     REC_SIZE,
-    REC_TIME,
-    REC_WARN,
     RecipientSpec,
     _encode_recipient,  # the R record encoding, shared with one-shot writes
     encode_record,
@@ -79,62 +75,19 @@ from qmgrd.spool.records import (
 )
 from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
 
+__all__ = [
+    "FLUSH_SIZE",
+    "EnvelopeHead",
+    "QueueFileWriter",
+    "commit_writers",
+    "sync_directories",
+]
+
 GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
 FLUSH_SIZE = 128 * 1024
 COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
-
-
-@dataclass(frozen=True, slots=True)
-class EnvelopeHead:
-    """What is known of a message at MAIL: everything but recipients and content."""
-
-    sender: str  # "" = null sender
-    arrival_time: float
-    envid: str | None = None
-    ret: str | None = None  # FULL | HDRS
-    smtputf8: bool = False
-    body: str | None = None  # 7BIT | 8BITMIME
-    client_name: str | None = None
-    client_addr: str | None = None
-    helo: str | None = None
-    warn_time: int | None = None
-    sasl_username: str | None = None  # the session's AUTH identity (fairness keys)
-
-    def __post_init__(self) -> None:
-        if self.ret not in (None, "FULL", "HDRS"):
-            raise InvariantError(f"bad RET value {self.ret!r}")
-        if self.body not in (None, "7BIT", "8BITMIME"):
-            raise InvariantError(f"bad BODY value {self.body!r}")
-
-    def encode(self) -> bytes:
-        """The T, S, A and W records, in the order ``encode_queue_file`` writes them."""
-
-        def enc(text: str) -> bytes:
-            return text.encode("utf-8", "surrogateescape")
-
-        sec, usec = divmod(round(self.arrival_time * 1e6), 1_000_000)
-        recs = [
-            encode_record(REC_TIME, f"{sec} {usec}".encode()),
-            encode_record(REC_SENDER, enc(self.sender)),
-        ]
-        attrs = {
-            "envid": self.envid,
-            "ret": self.ret,
-            "smtputf8": "1" if self.smtputf8 else None,
-            "body": self.body,
-            "client_name": self.client_name,
-            "client_addr": self.client_addr,
-            "helo": self.helo,
-            "sasl_username": self.sasl_username,
-        }
-        recs += [
-            encode_record(REC_ATTR, enc(f"{k}={v}")) for k, v in attrs.items() if v is not None
-        ]
-        if self.warn_time is not None:
-            recs.append(encode_record(REC_WARN, b"%15d" % self.warn_time))
-        return b"".join(recs)
 
 
 class QueueFileWriter:
@@ -283,7 +236,20 @@ class QueueFileWriter:
         header_checks HOLDs: it never appears in incoming/, so no queue scan
         can take it. The caller fsyncs the directory before announcing the id
         (``commit_writers``). SpoolError if anything fails; nothing is left
-        behind then.
+        behind then. The same as ``finish()``, ``sync()`` and ``publish()``
+        in a row; a writer already finished goes on with ``sync()`` (the
+        group committer runs ``finish`` on the loop, the rest in a thread).
+        """
+        if not self._closed:  # else ``finish`` ran already (on the loop: GroupCommitter)
+            self.finish()
+        self.sync()
+        return self.publish()
+
+    def finish(self) -> None:
+        """Commit step 1: write what is left and the size record (page cache, no fsync).
+
+        Small and cheap unless a REDIRECT after a flush rebuilds the file
+        (``needs_rebuild``). SpoolError (nothing left behind) if it fails.
         """
         if self._gap_at < 0 or self._closed:
             raise InvariantError("commit without content or after the end")
@@ -311,8 +277,37 @@ class QueueFileWriter:
                 _pwrite_all(self._fd, fixup, self._gap_at)
             if self._flushed:
                 _pwrite_all(self._fd, size, 0)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._buf = bytearray()
+        self._closed = True  # no more add_*/flush; sync and publish follow
+
+    @property
+    def needs_rebuild(self) -> bool:
+        """``finish`` will copy the content to a new file (REDIRECT after a flush)."""
+        return self.redirect is not None and self._flushed > 0
+
+    def sync(self) -> None:
+        """Commit step 2 (worker thread): fsync the file; SpoolError (nothing left) if not."""
+        if self._fd < 0:
+            raise InvariantError("sync before finish")
+        try:
             if self._spool.fsync:
                 os.fsync(self._fd)
+        except OSError as exc:
+            self.discard()
+            raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+
+    def publish(self) -> str:
+        """Commit step 3: close, link into ``target``, unlink the temporary name; the id.
+
+        No directory fsync (``commit_writers`` or the caller does it once per
+        batch). SpoolError (nothing left behind) if it fails.
+        """
+        if self._fd < 0:
+            raise InvariantError("publish before finish")
+        try:
             os.close(self._fd)
             self._fd = -1
             temp = self._temp()
@@ -325,9 +320,9 @@ class QueueFileWriter:
             os.unlink(temp)
         except OSError as exc:
             self.discard()
+            with contextlib.suppress(OSError):
+                os.unlink(self._temp())
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
-        self._closed = True
-        self._buf = bytearray()
         return self.queue_id
 
     def discard(self) -> None:
@@ -357,21 +352,31 @@ def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str
     committed = [
         (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
     ]
-    if committed and spool.fsync:
-        try:
-            for target in sorted({t for t, _ in committed}):
-                fd = os.open(spool.root / target, os.O_RDONLY | os.O_DIRECTORY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        except OSError as exc:
-            for target, queue_id in committed:
-                with contextlib.suppress(OSError):
-                    os.unlink(spool.root / target / queue_id)
-            error = SpoolError(f"queue directory sync error: {exc.strerror or exc}")
-            return [error for _ in results]
-    return results
+    error = sync_directories(spool, committed)
+    return results if error is None else [error for _ in results]
+
+
+def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> SpoolError | None:
+    """Fsync each target directory of ``committed`` (target, queue id) pairs once.
+
+    On failure every committed file is unlinked (none was acknowledged, so none
+    may stay where the queue manager would find it) and the error is returned.
+    """
+    if not committed or not spool.fsync:
+        return None
+    try:
+        for target in sorted({t for t, _ in committed}):
+            fd = os.open(f"{spool.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        for target, queue_id in committed:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{spool.root}/{target}/{queue_id}")
+        return SpoolError(f"queue directory sync error: {exc.strerror or exc}")
+    return None
 
 
 def _padding(length: int) -> bytes:

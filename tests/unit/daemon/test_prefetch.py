@@ -1,0 +1,63 @@
+"""The load's read-ahead answers a read request exactly as read_recipients would."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qmgrd.core.message import Message, ReadRequest
+from qmgrd.core.params import READ_BATCH_LIMIT
+from qmgrd.daemon.loading import PREFETCH, _from_prefetch, _prefetch
+from qmgrd.daemon.table import ActiveMessage
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, mark_done
+
+
+def _message(spool: Spool, count: int, done: set[int]) -> ActiveMessage:
+    envelope = Envelope(
+        sender="s@x.test",
+        recipients=tuple(RecipientSpec(f"r{i}@y.test") for i in range(count)),
+        arrival_time=1_000_000_000.0,
+    )
+    qid = spool.commit(envelope, b"body\n")
+    path = spool.path("incoming", qid)
+    every = QueueFile.open(path).read_all_recipients()
+    mark_done(path, [r.offset for i, r in enumerate(every) if i in done], fsync=False)
+    qf = QueueFile.open(path)
+    return ActiveMessage(qid, path, qf, queued_time=0.0)
+
+
+AHEAD = 32  # a small read-ahead for the property (the daemon's is the core's read cap)
+
+
+def test_the_read_ahead_covers_any_read_request() -> None:
+    assert PREFETCH == READ_BATCH_LIMIT
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    count=st.integers(1, AHEAD + 8),
+    done=st.sets(st.integers(0, AHEAD + 8), max_size=6),
+    limit=st.integers(1, AHEAD + 10),
+)
+def test_prefetch_equals_a_read(
+    tmp_path_factory: pytest.TempPathFactory, count: int, done: set[int], limit: int
+) -> None:
+    root = tmp_path_factory.mktemp("spool")
+    spool = Spool(root, fsync=False)
+    spool.ensure_dirs()
+    done = {d for d in done if d < count - 1}  # keep one recipient to deliver
+    msg = _message(spool, count, done)
+    qf = msg.qf
+    msg.prefetch = ahead = _prefetch(qf, AHEAD)
+    assert ahead is not None
+    request = ReadRequest(
+        Message(msg.queue_id, 0.0, count, limit), qf.first_recipient_offset, limit
+    )
+    got = _from_prefetch(msg, request)
+    want = qf.read_recipients(qf.first_recipient_offset, limit)
+    assert msg.prefetch is None  # used once
+    if got is None:  # only when the request wants more than was read ahead
+        assert limit > AHEAD and ahead[2] != 0
+    else:
+        assert got == want

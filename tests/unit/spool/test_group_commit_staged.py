@@ -1,0 +1,121 @@
+"""The group commit: last writes on the loop, fsyncs and links in one hop, in commit order."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from qmgrd.errors import SpoolError
+from qmgrd.spool import QueueFile, RecipientSpec, Spool
+from qmgrd.spool.commit import GroupCommitter
+from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
+
+T = TypeVar("T")
+HEAD = EnvelopeHead(sender="s@x.test", arrival_time=1_000_000_000.0)
+
+
+class ThreadRunner:
+    """A BlockingRunner that runs each job in a fresh thread and records what it was."""
+
+    def __init__(self) -> None:
+        self.jobs: list[str] = []
+
+    async def run(self, fn: Callable[[], T], *, blocking: bool = True) -> T:
+        inner = getattr(fn, "func", fn)
+        self.jobs.append(getattr(inner, "__name__", repr(inner)))
+        return await asyncio.to_thread(fn)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "spool")
+    s.ensure_dirs()
+    return s
+
+
+def _writer(spool: Spool, body: bytes) -> QueueFileWriter:
+    writer = QueueFileWriter(spool, HEAD)
+    writer.add_recipient(RecipientSpec("r@y.test"))
+    writer.begin_content()
+    writer.add_content(body)
+    return writer
+
+
+async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    events: list[tuple[str, bool]] = []  # (what, on the loop thread)
+    real_fsync, real_link, real_write = os.fsync, os.link, os.write
+
+    def fsync(fd: int) -> None:
+        what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
+        events.append((what, threading.get_ident() == loop_thread))
+        real_fsync(fd)
+
+    def link(src: str, dst: str) -> None:
+        events.append(("link", threading.get_ident() == loop_thread))
+        real_link(src, dst)
+
+    def write(fd: int, data: bytes) -> int:
+        events.append(("write", threading.get_ident() == loop_thread))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(os, "write", write)
+    runner = ThreadRunner()
+    committer = GroupCommitter(spool, pool=runner)
+    writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
+    ids = await asyncio.gather(*(committer.commit_writer(w) for w in writers))
+    await committer.close()
+
+    assert set(ids) == set(spool.list_ids("incoming"))
+    assert not [n for n in os.listdir(spool.root / "incoming") if n.startswith(".")]
+    for qid in ids:
+        assert QueueFile.open(spool.path("incoming", qid)).content_size == len(b"body 0\n")
+    assert runner.jobs == ["commit_writers"]  # one hop for the batch
+    assert all(on_loop for what, on_loop in events if what == "write")
+    assert not any(on_loop for what, on_loop in events if what != "write")
+    # Each file: written, fsynced, linked; then the directory fsync, once.
+    kinds = [what for what, _ in events]
+    assert kinds == ["write"] * 5 + ["file fsync", "link"] * 5 + ["dir fsync"]
+
+
+async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+    bad = _writer(spool, b"bad\n")
+    bad_fd: list[int] = []
+
+    def fsync(fd: int) -> None:
+        if bad_fd and fd == bad_fd[0]:
+            bad_fd.clear()  # once: the number is free for reuse after the discard
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    real_finish = QueueFileWriter.finish
+
+    def finish(self: QueueFileWriter) -> None:
+        real_finish(self)
+        if self is bad:
+            bad_fd.append(self._fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(QueueFileWriter, "finish", finish)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    good = _writer(spool, b"good\n")
+    results = await asyncio.gather(
+        committer.commit_writer(bad), committer.commit_writer(good), return_exceptions=True
+    )
+    await committer.close()
+    assert isinstance(results[0], SpoolError)
+    assert isinstance(results[1], str)
+    assert os.listdir(spool.root / "incoming") == [results[1]]
