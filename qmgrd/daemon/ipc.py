@@ -13,6 +13,8 @@ characters). Worker to queue manager:
                                                recipient count (``Committed``)
 ``["s", {name: n}, sessions]``                 intake counts since the last ``s`` (below) and
                                                the sessions in progress now
+``["anvil", id, op, key, ...]``                per-client counts (``qmgrd.daemon.anvil``); the
+                                               queue manager answers ``["anvil", id, count]``
 =============================================  ===============================================
 
 Queue manager to worker: ``["hup", accepted]`` (SIGHUP: reopen the log file;

@@ -21,6 +21,10 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   (``QueueIdGenerator``), so processes never draw the same id;
 - reports each durable commit and its intake counts over the channel
   (``qmgrd.daemon.ipc``) and says ``ready`` once it listens;
+- asks the queue manager for the per-client counts of
+  ``smtpd_client_connection_count_limit`` and ``smtpd_client_auth_rate_limit``
+  (``qmgrd.daemon.anvil``: Postfix's anvil is one server for every smtpd;
+  no answer within ``ANVIL_WAIT``: this process's own count, logged once);
 - runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
   flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
   such flows the queue manager sends (``["over", keys]``) when it changes;
@@ -57,6 +61,7 @@ from pathlib import Path
 from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
+from qmgrd.daemon.anvil import AnvilClient
 from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
 from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
 from qmgrd.daemon.process import loop_factory, open_log_output
@@ -159,6 +164,7 @@ class Worker:
         self.intake = CountingIntake(self.send)
         self.group: ListenerGroup | None = None
         self.gate = WorkerFlowGate(cfg)
+        self.anvil = AnvilClient(self.send)  # per-client limits: the queue manager counts
         self.regulator: WorkerRegulator | None = None
         if args.tokens is not None:  # regulator: the queue manager's token pipe, inherited
             self.regulator = WorkerRegulator(args.tokens, FlowSettings.from_config(cfg))
@@ -191,9 +197,11 @@ class Worker:
             sockets=_sockets(self.args.listen),
             accept_batch=WORKER_ACCEPT_BATCH,
         )
-        if self.regulator is not None:  # regulator: on this process's own loop
-            for handle in (self.group.main, *self.group.services.values()):
+        for handle in (self.group.main, *self.group.services.values()):
+            handle.ctx.anvil = self.anvil.service(handle.settings.service)
+            if self.regulator is not None:  # regulator: on this process's own loop
                 handle.ctx.inflow = self.regulator.gate
+        if self.regulator is not None:
             self.regulator.start()
         self.send(encode("ready"))
         commands = loop.create_task(self._commands(reader))
@@ -204,6 +212,7 @@ class Worker:
             if self.regulator is not None:
                 self.regulator.stop()
             await self.group.aclose()
+            self.anvil.close()
             self.intake.flush()
             with contextlib.suppress(ConnectionError):
                 await self.writer.drain()
@@ -215,6 +224,9 @@ class Worker:
             while line := await reader.readline():
                 try:
                     fields = parse(line)
+                    if fields[0] == "anvil":
+                        self.anvil.answer(fields)
+                        continue
                 except ValueError as exc:
                     self.log.error("bad message from the queue manager", error=str(exc))
                     continue

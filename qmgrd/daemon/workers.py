@@ -47,6 +47,9 @@ waiting in the queue.
   listening sockets (``--tokens FD``), so each worker's sessions take their
   tokens from the pipe the queue manager feeds; the workers' gate counters
   (``inflow:`` counts) are added to ``inflow``.
+- Per-client limits: ``anvil`` (``qmgrd.daemon.anvil``) answers the
+  workers' ``anvil`` requests (connection and AUTH counts over every worker,
+  as Postfix's anvil server); a worker's counts go when its channel ends.
 - ``pids`` and ``sessions`` show the live workers (control and tests).
 """
 
@@ -66,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config
+from qmgrd.daemon.anvil import Anvil
 from qmgrd.daemon.ipc import apply_counts, commit_from, encode, inflow_counts, parse
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.errors import ConfigError, SpoolError
@@ -146,6 +150,7 @@ class WorkerPool:
         self._backlog = False
         self._refresh: asyncio.Task[None] | None = None
         self.workers: dict[int, _Worker] = {}
+        self.anvil = Anvil()  # per-client limits over every worker (qmgrd.daemon.anvil)
         self.log = get_logger("master")
         self._stopping = False
         self._started = False  # start() returned: a worker that dies is restarted
@@ -210,6 +215,7 @@ class WorkerPool:
                 self._handle(worker, line)
         except (ConnectionError, ValueError) as exc:  # ValueError: a line over the limit
             self.log.error("listener worker channel failed", pid=worker.proc.pid, error=str(exc))
+        self._channel_ended(worker)
         status = await worker.proc.wait()
         worker.writer.close()
         for future in worker.hups:
@@ -266,6 +272,9 @@ class WorkerPool:
             kind = fields[0]
             if kind == "c":
                 self.on_commit(commit_from(fields))
+            elif kind == "anvil":
+                if (answer := self.anvil.message(worker.slot, fields)) is not None:
+                    worker.writer.write(answer)
             elif kind == "s":
                 if self.intake is not None:
                     apply_counts(self.intake, fields[1])
@@ -295,6 +304,10 @@ class WorkerPool:
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "listener worker message failed", "exception": exc}
             )
+
+    def _channel_ended(self, worker: _Worker) -> None:
+        """The worker's channel ended (it stops or died): its per-client counts go."""
+        self.anvil.lost(worker.slot)
 
     async def _refresh_over(self) -> None:
         """Send the flows over their backlog to every worker when that set changes.

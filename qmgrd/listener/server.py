@@ -12,7 +12,10 @@ that admission is decided before a session exists:
 - a client address (outside ``smtpd_client_event_limit_exceptions``, by
   default mynetworks) with ``smtpd_client_connection_count_limit`` live
   sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
-  as Postfix's anvil does ("Connection concurrency limit exceeded").
+  as Postfix's anvil does ("Connection concurrency limit exceeded"). In a
+  listener worker process the count is the queue manager's, over every
+  worker (``ListenerContext.anvil``, ``qmgrd.listener.limits.SharedCounts``),
+  asked before the session starts.
 
 The cap is also kept within the process's open-file limit: a session may
 hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
@@ -47,7 +50,7 @@ from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import OVERLOAD_REPLY
-from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
@@ -186,24 +189,59 @@ class ListenerHandle:
             self.ctx.observer.rejected("limits")
             return
         limit = settings.client_connection_limit
-        if limit and counters.sessions(addr) >= limit and not settings.limit_exempt(addr):
-            log.warning(
-                "Connection concurrency limit exceeded",
-                count=counters.sessions(addr) + 1,
-                client=client,
-                service="smtp",
-            )
-            _refuse(
-                conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}"
-            )
-            self.ctx.observer.rejected("limits")
+        limited = limit > 0 and not settings.limit_exempt(addr)
+        anvil = self.ctx.anvil if limited else None
+        if limited and anvil is None and counters.sessions(addr) >= limit:
+            self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
             return
         counters.connect(addr)
-        task = self._loop.create_task(self._serve(conn, addr, settings))
+        task = self._loop.create_task(self._serve(conn, addr, settings, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+    def _refuse_concurrency(
+        self, conn: socket.socket, addr: str, count: int, settings: ListenerSettings
+    ) -> None:
+        """Postfix's anvil refusal: smtpd_client_connection_count_limit reached."""
+        get_logger("smtpd").warning(
+            "Connection concurrency limit exceeded",
+            count=count,
+            client=f"unknown[{addr}]",
+            service="smtp",
+        )
+        _refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
+        self.ctx.observer.rejected("limits")
+
+    async def _serve(
+        self,
+        conn: socket.socket,
+        addr: str,
+        settings: ListenerSettings,
+        anvil: SharedCounts | None = None,
+    ) -> None:
+        """Serve one admitted connection; with ``anvil`` the client's count is asked there
+        first (every listener process's sessions: ``limits.SharedCounts``; no answer in
+        time: this process's count)."""
+        if anvil is None:
+            await self._session(conn, addr, settings)
+            return
+        served = False
+        try:
+            count = await anvil.connect(addr)
+            if count is None:
+                count = self.ctx.counters.sessions(addr)
+            if count > settings.client_connection_limit:
+                self._refuse_concurrency(conn, addr, count, settings)
+                return
+            served = True
+            await self._session(conn, addr, settings)
+        finally:
+            if not served:  # refused, or cancelled while asking: _session's cleanup
+                conn.close()
+                self.ctx.counters.disconnect(addr)
+            anvil.disconnect(addr)
+
+    async def _session(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
