@@ -25,6 +25,8 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   ``smtpd_client_connection_count_limit`` and ``smtpd_client_auth_rate_limit``
   (``qmgrd.daemon.anvil``: Postfix's anvil is one server for every smtpd;
   no answer within ``ANVIL_WAIT``: this process's own count, logged once);
+- reports its learned session cap and its loop lag's samples every
+  ``ipc.LOAD_INTERVAL`` (``["load", ...]``: per-worker series in /metrics);
 - runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
   flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
   such flows the queue manager sends (``["over", keys]``) when it changes;
@@ -63,7 +65,7 @@ from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
 from qmgrd.daemon.anvil import AnvilClient
 from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
-from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
+from qmgrd.daemon.ipc import LOAD_INTERVAL, CountingIntake, LoadReport, encode, encode_commit, parse
 from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.errors import ConfigError, QmgrdError
 from qmgrd.listener.flowgate import FlowFacts
@@ -201,14 +203,18 @@ class Worker:
             handle.ctx.anvil = self.anvil.service(handle.settings.service)
             if self.regulator is not None:  # regulator: on this process's own loop
                 handle.ctx.inflow = self.regulator.gate
+        report: asyncio.Task[None] | None = None
         if self.regulator is not None:
             self.regulator.start()
+            report = loop.create_task(self._report_load(self.regulator))
         self.send(encode("ready"))
         commands = loop.create_task(self._commands(reader))
         try:
             await self.stop.wait()
         finally:
             commands.cancel()
+            if report is not None:
+                report.cancel()
             if self.regulator is not None:
                 self.regulator.stop()
             await self.group.aclose()
@@ -217,6 +223,13 @@ class Worker:
             with contextlib.suppress(ConnectionError):
                 await self.writer.drain()
             self.writer.close()
+
+    async def _report_load(self, regulator: WorkerRegulator) -> None:
+        """Send the session cap and the loop lag's new samples every ``LOAD_INTERVAL``."""
+        report = LoadReport(regulator.lag, lambda: regulator.cap.limit)
+        while True:
+            await asyncio.sleep(LOAD_INTERVAL)
+            self.send(report.message())
 
     async def _commands(self, reader: asyncio.StreamReader) -> None:
         """The queue manager's messages; its end of stream stops the worker."""

@@ -50,6 +50,8 @@ waiting in the queue.
 - Per-client limits: ``anvil`` (``qmgrd.daemon.anvil``) answers the
   workers' ``anvil`` requests (connection and AUTH counts over every worker,
   as Postfix's anvil server); a worker's counts go when its channel ends.
+- Per-worker metrics: its ``load`` messages (session cap, loop lag) and
+  sessions go to ``intake.workers`` (``metrics_intake.WorkerLoad``).
 - ``pids`` and ``sessions`` show the live workers (control and tests).
 """
 
@@ -283,6 +285,10 @@ class WorkerPool:
                 worker.sessions = int(fields[2])
                 if self.intake is not None:
                     self.intake.sessions.set(self.sessions)
+                    self.intake.workers.sessions[worker.slot] = worker.sessions
+            elif kind == "load":
+                if self.intake is not None:
+                    self.intake.workers.load(worker.slot, fields)
             elif kind == "hup-done":
                 if worker.hups:
                     _settle(worker.hups.pop(0))
@@ -306,8 +312,12 @@ class WorkerPool:
             )
 
     def _channel_ended(self, worker: _Worker) -> None:
-        """The worker's channel ended (it stops or died): its per-client counts go."""
+        """The worker's channel ended (it stops or died): its per-client counts go, and its
+        gauges (its successor reports its own)."""
         self.anvil.lost(worker.slot)
+        if self.intake is not None:
+            self.intake.workers.caps.pop(worker.slot, None)
+            self.intake.workers.sessions.pop(worker.slot, None)
 
     async def _refresh_over(self) -> None:
         """Send the flows over their backlog to every worker when that set changes.
