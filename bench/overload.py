@@ -42,23 +42,21 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
 from bench.procwatch import sample
+from bench.relaymetrics import ControlProbe, lag_quantiles, scrape, sent
 from qmgrd.daemon.control import control_socket_path
 from qmgrd.daemon.looplag import quantile
-from qmgrd.ops.client import call
 
 REPO = Path(__file__).resolve().parents[1]
 _BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
@@ -176,87 +174,6 @@ def run_generator(port: int, mode: str, value: float, duration: float, cap: int)
     )
     counts: dict[str, int] = json.loads(out.stdout.decode().strip().splitlines()[-1])
     return counts
-
-
-# -- reading the relay ------------------------------------------------------------------------
-
-_SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+|\+Inf|NaN)$")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The relay's /metrics as {name{labels}: value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
-
-
-def sent(metrics: dict[str, float]) -> float:
-    """Recipients delivered (status sent), every transport."""
-    return sum(
-        v
-        for k, v in metrics.items()
-        if k.startswith("qmgrd_deliveries_total{") and 'status="sent"' in k
-    )
-
-
-def lag_quantiles(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
-    """(p50, p99, samples) of the loop-lag histogram between two scrapes, interpolated."""
-    buckets: list[tuple[float, float]] = []
-    for key, value in after.items():
-        m = re.match(r'qmgrd_event_loop_lag_seconds_bucket\{le="([^"]+)"\}', key)
-        if m:
-            bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
-            buckets.append((bound, value - before.get(key, 0.0)))
-    buckets.sort()
-    total = buckets[-1][1] if buckets else 0.0
-
-    def q(frac: float) -> float:
-        want, prev_bound, prev_count = frac * total, 0.0, 0.0
-        for bound, count in buckets:
-            if count >= want:
-                if bound == float("inf"):
-                    return prev_bound
-                span = count - prev_count
-                return prev_bound + (bound - prev_bound) * (
-                    (want - prev_count) / span if span else 1
-                )
-            prev_bound, prev_count = bound, count
-        return prev_bound
-
-    return q(0.5), q(0.99), int(total)
-
-
-class ControlProbe:
-    """Pings the control socket every ``interval`` seconds in a thread; keeps round trips."""
-
-    def __init__(self, sock: Path, interval: float = 0.2) -> None:
-        self.sock, self.interval = sock, interval
-        self.times: list[float] = []
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            t0 = time.monotonic()
-            try:
-                call(self.sock, {"op": "ping"}, timeout=10)
-                self.times.append(time.monotonic() - t0)
-            except Exception:  # a failed probe is what we measure, not a crash
-                self.failures += 1
-
-    def __enter__(self) -> ControlProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
 
 
 # -- the run ----------------------------------------------------------------------------------
