@@ -4,6 +4,7 @@
     .venv/bin/python bench/overload.py --peak 10 --duration 20 --factor 3
     .venv/bin/python bench/overload.py --main-cf 'in_flow_lag_limit = 0' \
         --main-cf 'in_flow_backlog_limit = 0'                            # regulation off
+    .venv/bin/python bench/overload.py --smtpd-workers 2               # 2 listener workers
 
 qmgrd runs as ``python -m qmgrd run`` (a temporary spool, main.cf defaults
 plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
@@ -27,7 +28,10 @@ Printed: the peak rate; the delivered rate under overload and its ratio to
 the peak; the relay's event-loop lag p50/p99 at peak and during the overload (from its
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
 the relay's CPU use in both phases (share of a core, CPU ms per delivered
-message: tells a relay that got less CPU from one that wasted it); the
+message: tells a relay that got less CPU from one that wasted it; the queue
+manager's and the listener workers' apart); with listener workers
+(``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
+(``qmgrd_smtpd_worker_*``); the
 control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
 refused with 421 4.3.2, other replies, timeouts, capped. After the
@@ -53,8 +57,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
-from bench.procwatch import sample
-from bench.relaymetrics import ControlProbe, lag_quantiles, scrape, sent
+from bench.procwatch import children, sample
+from bench.relaymetrics import ControlProbe, lag_quantiles, scrape, sent, workers
 from qmgrd.daemon.control import control_socket_path
 from qmgrd.daemon.looplag import quantile
 
@@ -217,10 +221,45 @@ def _ping(when: str, probe: ControlProbe) -> None:
     )
 
 
-def relay_cpu(pid: int) -> float:
-    """The relay process's CPU seconds so far (its threads included)."""
+def relay_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the queue manager (its threads included) and of its listener
+    workers together (live ones, plus the reaped ones in the queue manager's cutime)."""
     got = sample(pid)
-    return got.cpu if got is not None else 0.0
+    if got is None:
+        return 0.0, 0.0
+    kids = [s for s in map(sample, children(pid)) if s is not None]
+    return got.cpu, got.reaped + sum(k.cpu for k in kids)
+
+
+def _cpu_line(
+    when: str,
+    before: tuple[float, float],
+    after: tuple[float, float],
+    seconds: float,
+    delivered: float,
+) -> str:
+    qmgr, smtpd = after[0] - before[0], after[1] - before[1]
+    line = (
+        f"relay CPU {when}: {(qmgr + smtpd) / seconds:.0%} of a core, "
+        f"{(qmgr + smtpd) * 1000 / max(1.0, delivered):.2f} ms per delivered message"
+    )
+    if smtpd:
+        line += f" (queue manager {qmgr / seconds:.0%}, listener workers {smtpd / seconds:.0%})"
+    return line
+
+
+def _lag_lines(when: str, before: dict[str, float], after: dict[str, float]) -> None:
+    p50, p99, n = lag_quantiles(before, after)
+    print(f"event-loop lag {when}: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms ({n} samples)")
+    for worker in workers(after):
+        w50, w99, wn = lag_quantiles(
+            before, after, "qmgrd_smtpd_worker_event_loop_lag_seconds", f',worker="{worker}"'
+        )
+        cap = after.get(f'qmgrd_smtpd_worker_session_cap{{worker="{worker}"}}', 0)
+        print(
+            f"  listener worker {worker} loop lag {when}: p50 {w50 * 1000:.1f} ms, p99 "
+            f"{w99 * 1000:.1f} ms ({wn} samples); session cap at the end {cap:.0f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -234,7 +273,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--main-cf", action="append", default=[], help="an extra main.cf line (after REGULATED)"
     )
+    parser.add_argument(
+        "--smtpd-workers",
+        default=None,
+        help="smtpd_worker_processes (0/1: listener in process, N or auto: N workers; "
+        "default: main.cf's default)",
+    )
     args = parser.parse_args(argv)
+    if args.smtpd_workers is not None:
+        args.main_cf = [f"smtpd_worker_processes = {args.smtpd_workers}", *args.main_cf]
     with tempfile.TemporaryDirectory(prefix="qmgrd-overload-") as tmp:
         root = Path(tmp)
         sinkproc = subprocess.Popen(
@@ -268,19 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
-            q50, q99, n = lag_quantiles(m1, m2)
-            print(
-                f"relay CPU at peak: {(c2 - c1) / (t2 - t1):.0%} of a core, "
-                f"{(c2 - c1) * 1000 / max(1.0, sent(m2) - sent(m1)):.2f} ms per delivered message"
-            )
+            print(_cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
             )
-            print(
-                f"event-loop lag at peak: p50 {q50 * 1000:.1f} ms, "
-                f"p99 {q99 * 1000:.1f} ms ({n} samples)"
-            )
+            _lag_lines("at peak", m1, m2)
             _ping("at peak", peak_probe)
             rate = args.factor * peak
             print(
@@ -302,16 +342,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
-            p50, p99, samples = lag_quantiles(m3, m4)
-            print(
-                f"relay CPU under overload: {(c4 - c3) / (t4 - t3):.0%} of a core, "
-                f"{(c4 - c3) * 1000 / max(1.0, sent(m4) - sent(m3)):.2f} ms per delivered message"
-            )
+            print(_cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
-            print(
-                f"event-loop lag during overload: p50 {p50 * 1000:.1f} ms, p99 "
-                f"{p99 * 1000:.1f} ms ({samples} samples)"
-            )
+            _lag_lines("during overload", m3, m4)
             _ping("under overload", probe)
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "

@@ -2,7 +2,8 @@
 
 ``scrape(port)`` returns the relay's /metrics as ``{name{labels}: value}``;
 ``sent`` sums its delivered recipients; ``lag_quantiles`` interpolates p50 and
-p99 of a loop-lag histogram between two scrapes; ``ControlProbe`` pings the
+p99 of a loop-lag histogram between two scrapes (the queue manager's, or a
+listener worker's: ``workers`` lists the worker labels a scrape shows); ``ControlProbe`` pings the
 control socket from a thread and keeps the round trips.
 """
 
@@ -40,11 +41,21 @@ def sent(metrics: dict[str, float]) -> float:
     )
 
 
-def lag_quantiles(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
-    """(p50, p99, samples) of the loop-lag histogram between two scrapes, interpolated."""
+def lag_quantiles(
+    before: dict[str, float],
+    after: dict[str, float],
+    name: str = "qmgrd_event_loop_lag_seconds",
+    labels: str = "",
+) -> tuple[float, float, int]:
+    """(p50, p99, samples) of a loop-lag histogram between two scrapes, interpolated.
+
+    ``name``: the histogram (the queue manager's by default); ``labels``: what follows
+    ``le`` in its keys (``,worker="1"`` for a listener worker's).
+    """
     buckets: list[tuple[float, float]] = []
+    pattern = re.compile(re.escape(name) + r'_bucket\{le="([^"]+)"' + re.escape(labels) + r"\}")
     for key, value in after.items():
-        m = re.match(r'qmgrd_event_loop_lag_seconds_bucket\{le="([^"]+)"\}', key)
+        m = pattern.fullmatch(key)
         if m:
             bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
             buckets.append((bound, value - before.get(key, 0.0)))
@@ -95,3 +106,9 @@ class ControlProbe:
         self._thread.join(15)
 
 
+def workers(metrics: dict[str, float]) -> list[str]:
+    """The listener workers (``worker`` labels) whose loop lag a scrape shows."""
+    found = re.findall(
+        r'qmgrd_smtpd_worker_event_loop_lag_seconds_count\{worker="([^"]+)"\}', " ".join(metrics)
+    )
+    return sorted(set(found), key=int)
