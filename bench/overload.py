@@ -31,7 +31,9 @@ the relay's CPU use in both phases (share of a core, CPU ms per delivered
 message: tells a relay that got less CPU from one that wasted it; the queue
 manager's and the listener workers' apart); with listener workers
 (``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
-(``qmgrd_smtpd_worker_*``); the
+(``qmgrd_smtpd_worker_*``); and how long each process's main thread waited
+for a CPU while runnable (``/proc/PID/schedstat``, ms per second): on a shared
+machine that part of the loop lag is the neighbours', not the relay's; the
 control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
 refused with 421 4.3.2, other replies, timeouts, capped. After the
@@ -57,8 +59,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
-from bench.procwatch import children, sample
-from bench.relaymetrics import ControlProbe, lag_quantiles, scrape, sent, workers
+from bench.relaymetrics import (
+    ControlProbe,
+    lag_quantiles,
+    relay_cpu,
+    run_waits,
+    scrape,
+    sent,
+    workers,
+)
 from qmgrd.daemon.control import control_socket_path
 from qmgrd.daemon.looplag import quantile
 
@@ -221,14 +230,14 @@ def _ping(when: str, probe: ControlProbe) -> None:
     )
 
 
-def relay_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of the queue manager (its threads included) and of its listener
-    workers together (live ones, plus the reaped ones in the queue manager's cutime)."""
-    got = sample(pid)
-    if got is None:
-        return 0.0, 0.0
-    kids = [s for s in map(sample, children(pid)) if s is not None]
-    return got.cpu, got.reaped + sum(k.cpu for k in kids)
+def _wait_line(when: str, before: dict[int, float], after: dict[int, float], seconds: float) -> str:
+    parts = [
+        f"{'queue manager' if n == 0 else f'worker pid {pid}'} "
+        f"{(after[pid] - before[pid]) * 1000 / seconds:.0f} ms/s"
+        for n, pid in enumerate(after)
+        if pid in before
+    ]
+    return f"waiting for a CPU {when} (runnable, not running; main threads): " + ", ".join(parts)
 
 
 def _cpu_line(
@@ -312,8 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(warm)
             with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
                 t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w1 = run_waits(relay.pid)
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w2 = run_waits(relay.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
             print(_cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
@@ -321,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
             )
             _lag_lines("at peak", m1, m2)
+            print(_wait_line("at peak", w1, w2, t2 - t1))
             _ping("at peak", peak_probe)
             rate = args.factor * peak
             print(
@@ -336,15 +348,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w3 = run_waits(relay.pid)
                 gen.start()
                 time.sleep(args.duration)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w4 = run_waits(relay.pid)
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
             print(_cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
             _lag_lines("during overload", m3, m4)
+            print(_wait_line("during overload", w3, w4, t4 - t3))
             _ping("under overload", probe)
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "

@@ -4,7 +4,9 @@
 ``sent`` sums its delivered recipients; ``lag_quantiles`` interpolates p50 and
 p99 of a loop-lag histogram between two scrapes (the queue manager's, or a
 listener worker's: ``workers`` lists the worker labels a scrape shows); ``ControlProbe`` pings the
-control socket from a thread and keeps the round trips.
+control socket from a thread and keeps the round trips. ``relay_cpu`` and
+``run_waits`` read the relay's processes from /proc: CPU seconds (queue
+manager, listener workers) and how long each main thread waited for a CPU.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.procwatch import children, sample
 from qmgrd.ops.client import call
 
 _SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+|\+Inf|NaN)$")
@@ -112,3 +115,28 @@ def workers(metrics: dict[str, float]) -> list[str]:
         r'qmgrd_smtpd_worker_event_loop_lag_seconds_count\{worker="([^"]+)"\}', " ".join(metrics)
     )
     return sorted(set(found), key=int)
+
+
+def relay_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds so far of the queue manager (its threads included) and of its listener
+    workers together (live ones, plus the reaped ones in the queue manager's cutime)."""
+    got = sample(pid)
+    if got is None:
+        return 0.0, 0.0
+    kids = [s for s in map(sample, children(pid)) if s is not None]
+    return got.cpu, got.reaped + sum(k.cpu for k in kids)
+
+
+def runqueue_wait(pid: int) -> float:
+    """Seconds the process's main thread (its event loop) has spent runnable but not running,
+    waiting for a CPU (``/proc/PID/schedstat``): on a shared machine, loop lag the relay's
+    own code did not cause."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def run_waits(pid: int) -> dict[int, float]:
+    """Run-queue wait of the queue manager (first) and each listener worker."""
+    return {p: runqueue_wait(p) for p in (pid, *children(pid))}
