@@ -8,7 +8,7 @@ listener runs in the queue manager's process (``assemble.Daemon``).
 
 ``WorkerPool(config_dir, count, sockets, on_commit=..., on_lost=...,
 intake=..., spool=...)``: ``sockets`` are the listening sockets the queue manager bound
-(service name -> sockets, ``listener.server.bind_listener``), inherited by
+(service name -> sockets, ``listener.binding.bind_listener``), inherited by
 every worker (Postfix's master hands its smtpd processes the listening
 socket the same way), so the kernel queues each new connection once and
 whichever worker is free accepts it; a worker that dies loses no connection

@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
+from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import OVERLOAD_REPLY
@@ -57,10 +58,6 @@ from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
-# asyncio's default listen backlog (100) overflows when hundreds of clients connect at
-# once; the kernel then drops handshakes and clients stall for seconds in SYN retries
-# (500 simultaneous clients: 40% still waiting after 20 s). Linux caps it at somaxconn.
-_BACKLOG = 1024
 ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
@@ -317,53 +314,6 @@ def _refuse(conn: socket.socket, reply: str) -> None:
         conn.setblocking(False)
         conn.send(reply.encode("ascii", "replace") + b"\r\n")
     conn.close()
-
-
-def _bind(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for ``host:port`` (every address it resolves to)."""
-    out: list[socket.socket] = []
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        seen = set()
-        for family, kind, proto, _, sockaddr in infos:
-            if (family, sockaddr) in seen:
-                continue
-            seen.add((family, sockaddr))
-            sock = socket.socket(family, kind, proto)
-            out.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(sockaddr)
-            sock.listen(_BACKLOG)
-            sock.setblocking(False)
-    except OSError:
-        for sock in out:
-            sock.close()
-        raise
-    return out
-
-
-def bind_listener(settings: ListenerSettings) -> list[socket.socket]:
-    """Listening sockets for every ``settings.listen`` address (to serve here or hand over).
-
-    A bind failure is an operator error: ConfigError naming smtpd_listen (or
-    the master.cf service).
-    """
-    out: list[socket.socket] = []
-    for host, port in settings.listen:
-        try:
-            out += _bind(host, port)
-        except OSError as exc:
-            for sock in out:
-                sock.close()
-            what = "smtpd_listen" if settings.service == "smtp" else f"service {settings.service}"
-            raise ConfigError(
-                f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}"
-            ) from exc
-    return out
 
 
 async def start_listener(
