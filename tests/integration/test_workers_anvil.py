@@ -11,6 +11,7 @@ from pathlib import Path
 
 from qmgrd.daemon.anvil import Anvil, AnvilClient
 from qmgrd.daemon.ipc import parse
+from tests.integration.test_listener_limits import _auth_creds, _plain
 from tests.integration.test_workers import TIMEOUT, _relay, _stopped
 from tests.support.listener import Chat, Listening, listening, loopback_settings
 from tests.support.waits import wait_until
@@ -72,6 +73,32 @@ async def test_two_listeners_sharing_the_anvil_count_one_clients_sessions_togeth
         _, greeting = await _greeting(a)
         assert greeting.startswith("220 ")
     assert anvil.counters.total == 0  # every session counted was reported ended
+
+
+async def test_auth_rate_limit_counts_auth_commands_on_every_listener(tmp_path: Path) -> None:
+    """smtpd_client_auth_rate_limit = 2: one AUTH on each listener, the third (on either)
+    gets Postfix's 450 4.7.1, counted by the shared anvil (each listener saw at most 2)."""
+    settings = loopback_settings(
+        client_connection_limit=0,
+        limit_exceptions=(),
+        sasl_credentials=_auth_creds(),
+        auth_rate_limit=2,
+        rate_time_unit=60,
+    )
+    anvil = Anvil()
+    one, two = _clients(anvil, 2)
+    async with (
+        listening(tmp_path / "a", settings) as a,
+        listening(tmp_path / "b", settings) as b,
+    ):
+        a.handle.ctx.anvil, b.handle.ctx.anvil = one, two
+        replies = []
+        for srv in (a, b, b):
+            chat, _ = await _greeting(srv)
+            await chat.cmd("EHLO c.test")
+            replies.append(await chat.cmd("AUTH PLAIN " + _plain("alice", "bad")))
+    assert [r[:3] for r in replies[:2]] == ["535", "535"]
+    assert replies[2] == "450 4.7.1 Error: too many AUTH commands from 127.0.0.1"
 
 
 async def test_unanswered_anvil_falls_back_to_each_listeners_own_count(tmp_path: Path) -> None:
