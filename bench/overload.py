@@ -31,9 +31,10 @@ the relay's CPU use in both phases (share of a core, CPU ms per delivered
 message: tells a relay that got less CPU from one that wasted it; the queue
 manager's and the listener workers' apart); with listener workers
 (``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
-(``qmgrd_smtpd_worker_*``); and how long each process's main thread waited
-for a CPU while runnable (``/proc/PID/schedstat``, ms per second): on a shared
-machine that part of the loop lag is the neighbours', not the relay's; the
+(``qmgrd_smtpd_worker_*``); and how long each process's main thread (its
+event loop) ran and how long it waited for a CPU while runnable
+(``/proc/PID/schedstat``, ms per second): on a shared machine the waiting
+part of the loop lag is the neighbours', not the relay's; the
 control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
 refused with 421 4.3.2, other replies, timeouts, capped. After the
@@ -230,14 +231,21 @@ def _ping(when: str, probe: ControlProbe) -> None:
     )
 
 
-def _wait_line(when: str, before: dict[int, float], after: dict[int, float], seconds: float) -> str:
-    parts = [
-        f"{'queue manager' if n == 0 else f'worker pid {pid}'} "
-        f"{(after[pid] - before[pid]) * 1000 / seconds:.0f} ms/s"
-        for n, pid in enumerate(after)
-        if pid in before
-    ]
-    return f"waiting for a CPU {when} (runnable, not running; main threads): " + ", ".join(parts)
+def _wait_line(
+    when: str,
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    seconds: float,
+) -> str:
+    parts = []
+    for n, pid in enumerate(after):
+        if pid in before:
+            ran, waited = (a - b for a, b in zip(after[pid], before[pid], strict=True))
+            who = "queue manager" if n == 0 else f"worker pid {pid}"
+            parts.append(
+                f"{who} ran {ran * 1000 / seconds:.0f} ms/s, waited {waited * 1000 / seconds:.0f}"
+            )
+    return f"main threads {when} (schedstat, ms per second): " + ", ".join(parts)
 
 
 def _cpu_line(

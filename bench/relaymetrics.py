@@ -6,7 +6,7 @@ p99 of a loop-lag histogram between two scrapes (the queue manager's, or a
 listener worker's: ``workers`` lists the worker labels a scrape shows); ``ControlProbe`` pings the
 control socket from a thread and keeps the round trips. ``relay_cpu`` and
 ``run_waits`` read the relay's processes from /proc: CPU seconds (queue
-manager, listener workers) and how long each main thread waited for a CPU.
+manager, listener workers) and how long each main thread ran and waited for a CPU.
 """
 
 from __future__ import annotations
@@ -127,16 +127,17 @@ def relay_cpu(pid: int) -> tuple[float, float]:
     return got.cpu, got.reaped + sum(k.cpu for k in kids)
 
 
-def runqueue_wait(pid: int) -> float:
-    """Seconds the process's main thread (its event loop) has spent runnable but not running,
-    waiting for a CPU (``/proc/PID/schedstat``): on a shared machine, loop lag the relay's
-    own code did not cause."""
+def main_thread_times(pid: int) -> tuple[float, float]:
+    """Seconds the process's main thread (its event loop) has run on a CPU, and spent
+    runnable but not running, waiting for one (``/proc/PID/schedstat``): on a shared
+    machine the second part of the loop's lag is the neighbours', not the relay's."""
     try:
-        return int(Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()[1]) / 1e9
+        fields = Path(f"/proc/{pid}/task/{pid}/schedstat").read_text().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return 0.0, 0.0
 
 
-def run_waits(pid: int) -> dict[int, float]:
-    """Run-queue wait of the queue manager (first) and each listener worker."""
-    return {p: runqueue_wait(p) for p in (pid, *children(pid))}
+def run_waits(pid: int) -> dict[int, tuple[float, float]]:
+    """``main_thread_times`` of the queue manager (first) and each listener worker."""
+    return {p: main_thread_times(p) for p in (pid, *children(pid))}
