@@ -29,8 +29,10 @@ smtpd does with anvil's answer (``421 4.7.0
 waits at most ``ANVIL_WAIT`` seconds for an answer. **Fallback**: with no
 answer in time it returns None and the listener compares its own process's
 count instead (fail open: a client may then hold up to N x the limit over N
-workers), logged once ("anvil: the queue manager did not answer ...");
-until an answer arrives again (logged too), requests are still sent (so the
+workers), logged once ("anvil: the queue manager did not answer ...", at
+most one such line per ``LOG_INTERVAL``: a queue manager whose answers hover
+around the wait does not flood the log); until an answer arrives again
+(logged after a logged outage), requests are still sent (so the
 queue manager's counts stay right) but not waited for, so a stalled queue
 manager never delays a greeting by more than one ``ANVIL_WAIT``. Every
 ``connect`` sent is followed by its ``disconnect``, answered or not.
@@ -51,6 +53,7 @@ from qmgrd.log import get_logger
 __all__ = ["ANVIL_WAIT", "Anvil", "AnvilClient", "ServiceCounts"]
 
 ANVIL_WAIT = 0.5  # seconds a worker waits for the queue manager's count
+LOG_INTERVAL = 60.0  # seconds: one "did not answer" line per outage, at most one a minute
 _PENDING_MAX = 10000  # unanswered requests remembered at most (a stalled queue manager)
 
 
@@ -112,12 +115,31 @@ class Anvil:
 class AnvilClient:
     """A worker's side: asks the queue manager, bounded wait, fallback (module doc)."""
 
-    __slots__ = ("_next", "_pending", "_send", "degraded", "log", "wait")
+    __slots__ = (
+        "_announced",
+        "_clock",
+        "_logged",
+        "_next",
+        "_pending",
+        "_send",
+        "degraded",
+        "log",
+        "wait",
+    )
 
-    def __init__(self, send: Callable[[bytes], None], *, wait: float = ANVIL_WAIT) -> None:
+    def __init__(
+        self,
+        send: Callable[[bytes], None],
+        *,
+        wait: float = ANVIL_WAIT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """``send`` writes one encoded message to the channel."""
         self._send = send
         self.wait = wait
+        self._clock = clock
+        self._logged: float | None = None  # when the last "did not answer" line was logged
+        self._announced = False  # this outage was logged: log its end too
         self._next = 0
         self._pending: dict[int, asyncio.Future[int]] = {}
         self.degraded = False  # the last request went unanswered: no waiting until one is
@@ -150,10 +172,13 @@ class AnvilClient:
                 return await asyncio.shield(future)
         except TimeoutError:
             self.degraded = True
-            self.log.warning(
-                f"anvil: the queue manager did not answer within {self.wait:g}s; per-client "
-                "limits count this process's sessions only until it does"
-            )
+            now = self._clock()
+            if self._logged is None or now - self._logged >= LOG_INTERVAL:
+                self._logged, self._announced = now, True
+                self.log.warning(
+                    f"anvil: the queue manager did not answer within {self.wait:g}s; per-client "
+                    "limits count this process's sessions only until it does"
+                )
             return None
 
     def answer(self, fields: list[Any]) -> None:
@@ -163,7 +188,9 @@ class AnvilClient:
         future = self._pending.pop(fields[1], None)
         if self.degraded:
             self.degraded = False
-            self.log.info("anvil: the queue manager answers again")
+            if self._announced:
+                self._announced = False
+                self.log.info("anvil: the queue manager answers again")
         if future is not None and not future.done():
             future.set_result(fields[2])
 

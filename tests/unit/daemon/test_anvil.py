@@ -86,3 +86,18 @@ async def test_client_falls_back_when_unanswered_logged_once_until_answers_resum
     ]
     with pytest.raises(ValueError):
         client.answer(["anvil", "x", 1])
+
+
+async def test_an_outage_is_logged_at_most_once_a_minute() -> None:
+    """Answers that keep missing the wait (a queue manager hovering around it) log one line
+    a minute, not one per outage; an outage not logged ends silently."""
+    now = [0.0]
+    client = AnvilClient(lambda data: None, wait=0, clock=lambda: now[0])
+    with capture_logs() as logs:
+        for n in range(1, 6):  # five outages in 50 s
+            assert await client.connect("192.0.2.1") is None
+            client.answer(["anvil", n, 1])
+            now[0] += 10
+        now[0] += 10  # 60 s after the first line
+        assert await client.connect("192.0.2.1") is None
+    assert [e["log_level"] for e in logs] == ["warning", "info", "warning"]
