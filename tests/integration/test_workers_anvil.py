@@ -7,10 +7,13 @@ the point; ``qmgrd run`` with two listener workers shows it end to end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from qmgrd.daemon.anvil import Anvil, AnvilClient
 from qmgrd.daemon.ipc import parse
+from qmgrd.listener import ListenerSettings
 from tests.integration.test_listener_limits import _auth_creds, _plain
 from tests.integration.test_workers import TIMEOUT, _relay, _stopped
 from tests.support.listener import Chat, Listening, listening, loopback_settings
@@ -34,6 +37,18 @@ def _clients(anvil: Anvil, n: int, *, answered: bool = True) -> list[AnvilClient
     return clients
 
 
+@contextlib.asynccontextmanager
+async def _two_listeners(
+    root: Path, settings: ListenerSettings, *, answered: bool = True
+) -> AsyncIterator[tuple[Listening, Listening, Anvil, list[AnvilClient]]]:
+    """Two in-process listeners whose per-client counts are one ``Anvil``'s (two workers')."""
+    anvil = Anvil()
+    clients = _clients(anvil, 2, answered=answered)
+    async with listening(root / "a", settings) as a, listening(root / "b", settings) as b:
+        a.handle.ctx.anvil, b.handle.ctx.anvil = clients
+        yield a, b, anvil, clients
+
+
 async def _greeting(srv: Listening) -> tuple[Chat, str]:
     chat, greeting = await Chat.open("127.0.0.1", srv.port)
     srv.chats.append(chat)
@@ -46,13 +61,7 @@ async def test_two_listeners_sharing_the_anvil_count_one_clients_sessions_togeth
     """Limit 2: one session on each listener, the third on either gets Postfix's 421; after
     one ends, the client may connect again; the anvil's count follows every session."""
     settings = loopback_settings(client_connection_limit=2, limit_exceptions=())
-    anvil = Anvil()
-    one, two = _clients(anvil, 2)
-    async with (
-        listening(tmp_path / "a", settings) as a,
-        listening(tmp_path / "b", settings) as b,
-    ):
-        a.handle.ctx.anvil, b.handle.ctx.anvil = one, two
+    async with _two_listeners(tmp_path, settings) as (a, b, anvil, _):
         first, greeting = await _greeting(a)
         assert greeting.startswith("220 ")
         _, greeting = await _greeting(b)
@@ -85,13 +94,7 @@ async def test_auth_rate_limit_counts_auth_commands_on_every_listener(tmp_path: 
         auth_rate_limit=2,
         rate_time_unit=60,
     )
-    anvil = Anvil()
-    one, two = _clients(anvil, 2)
-    async with (
-        listening(tmp_path / "a", settings) as a,
-        listening(tmp_path / "b", settings) as b,
-    ):
-        a.handle.ctx.anvil, b.handle.ctx.anvil = one, two
+    async with _two_listeners(tmp_path, settings) as (a, b, _, _):
         replies = []
         for srv in (a, b, b):
             chat, _ = await _greeting(srv)
@@ -105,19 +108,13 @@ async def test_unanswered_anvil_falls_back_to_each_listeners_own_count(tmp_path:
     """The queue manager does not answer: each listener compares its own sessions (fail
     open: one session on each with limit 1), and its own limit still holds."""
     settings = loopback_settings(client_connection_limit=1, limit_exceptions=())
-    anvil = Anvil()
-    one, two = _clients(anvil, 2, answered=False)
-    async with (
-        listening(tmp_path / "a", settings) as a,
-        listening(tmp_path / "b", settings) as b,
-    ):
-        a.handle.ctx.anvil, b.handle.ctx.anvil = one, two
+    async with _two_listeners(tmp_path, settings, answered=False) as (a, b, _, clients):
         for srv in (a, b):
             _, greeting = await _greeting(srv)
             assert greeting.startswith("220 ")
         _, refusal = await _greeting(a)
         assert refusal == REFUSAL
-        assert one.degraded and two.degraded
+        assert all(client.degraded for client in clients)
 
 
 async def test_connection_count_limit_holds_across_listener_workers(tmp_path: Path) -> None:
