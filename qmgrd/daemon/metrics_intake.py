@@ -225,7 +225,7 @@ class WorkerLoad(Collector):
             "(sampled every 10 ms).",
             labels=("worker",),
         )
-        bounds = [*(f"{b:g}" for b in LAG_BUCKETS), "+Inf"]
+        bounds = [*(repr(float(b)) for b in LAG_BUCKETS), "+Inf"]  # "1.0", as Histogram's
         for slot, counts in sorted(self._buckets.items()):
             running, cumulative = 0, []
             for bound, n in zip(bounds, counts, strict=True):

@@ -23,26 +23,27 @@ def _lag_over(worker: int, bound: str) -> str:
 
 
 async def test_each_workers_session_cap_and_loop_lag_are_exported(tmp_path: Path) -> None:
-    """Two workers report a cap (smtpd_session_limit at first) and lag samples each; a worker
+    """Two workers report a cap (at most smtpd_session_limit) and lag samples each; a worker
     whose loop stalls (SIGSTOP, longer than in_flow_lag_limit) records the lag in its own
-    histogram and lowers its own cap to the floor, the other worker's stays. (After a stall
-    of 0.5 s or more the lag's moving average reads about 0.1 s, over the 60 ms limit.)"""
+    histogram and lowers its own cap to the floor; the other worker's histogram shows no such
+    stall. (After a stall of 0.5 s or more the lag's moving average reads about 0.1 s, over
+    the 60 ms limit.)"""
     async with _relay(
         tmp_path, 2, "smtpd_session_limit = 77\nin_flow_lag_limit = 60\n"
     ) as (relay, _sink):
         def reported() -> bool:
-            caps = [relay.metric(_cap(w)) for w in (1, 2)]
-            return caps == [77, 77] and all(relay.metric(_lag_count(w)) > 0 for w in (1, 2))
+            caps = [relay.metric(_cap(w)) for w in (1, 2)]  # 77 unless the loop lagged already
+            return all(1 <= cap <= 77 for cap in caps) and all(
+                relay.metric(_lag_count(w)) > 0 for w in (1, 2)
+            )
 
         await wait_until(reported, "both workers' caps and lag samples", TIMEOUT)
         await relay.send("counted")
         stalled = relay.proc.children()[0]  # the lower pid: slot 1, started first
-        below = relay.metric(_lag_over(1, "0.5"))  # samples at most 0.5 s late so far
         with _stopped([stalled]):
-            await asyncio.sleep(0.8)  # not a wait: the stall the worker's loop lives through
+            await asyncio.sleep(1.5)  # not a wait: the stall the worker's loop lives through
         await wait_until(lambda: relay.metric(_cap(1)) == 10, "the stalled worker's cap", TIMEOUT)
-        total = relay.metric(_lag_count(1))
-        assert total - relay.metric(_lag_over(1, "0.5")) > 0  # samples over 0.5 s late
-        assert relay.metric(_lag_over(1, "0.5")) >= below
-        assert relay.metric(_cap(2)) == 77
+        for worker, stalls in ((1, True), (2, False)):  # samples over 1 s late: worker 1's only
+            late = relay.metric(_lag_count(worker)) - relay.metric(_lag_over(worker, "1.0"))
+            assert (late > 0) is stalls, (worker, late)
         assert relay.metric('qmgrd_smtpd_worker_sessions{worker="1"}') == 0

@@ -38,6 +38,7 @@ def test_load_messages_carry_the_new_lag_samples_and_sum_into_a_histogram_per_wo
     assert value("qmgrd_smtpd_worker_event_loop_lag_seconds_bucket", le="0.001") == 1
     assert value("qmgrd_smtpd_worker_event_loop_lag_seconds_bucket", le="0.2") == 1
     assert value("qmgrd_smtpd_worker_event_loop_lag_seconds_bucket", le="0.5") == 3
+    assert value("qmgrd_smtpd_worker_event_loop_lag_seconds_bucket", le="1.0") == 3  # as Histogram
     assert value("qmgrd_smtpd_worker_event_loop_lag_seconds_sum") == pytest.approx(0.6005)
     assert registry.get_sample_value("qmgrd_smtpd_worker_session_cap", {"worker": "1"}) is None
 
