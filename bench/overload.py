@@ -4,6 +4,7 @@
     .venv/bin/python bench/overload.py --peak 10 --duration 20 --factor 3
     .venv/bin/python bench/overload.py --main-cf 'in_flow_lag_limit = 0' \
         --main-cf 'in_flow_backlog_limit = 0'                            # regulation off
+    .venv/bin/python bench/overload.py --smtpd-workers 2               # 2 listener workers
 
 qmgrd runs as ``python -m qmgrd run`` (a temporary spool, main.cf defaults
 plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
@@ -27,7 +28,13 @@ Printed: the peak rate; the delivered rate under overload and its ratio to
 the peak; the relay's event-loop lag p50/p99 at peak and during the overload (from its
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
 the relay's CPU use in both phases (share of a core, CPU ms per delivered
-message: tells a relay that got less CPU from one that wasted it); the
+message: tells a relay that got less CPU from one that wasted it; the queue
+manager's and the listener workers' apart); with listener workers
+(``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
+(``qmgrd_smtpd_worker_*``); and how long each process's main thread (its
+event loop) ran and how long it waited for a CPU while runnable
+(``/proc/PID/schedstat``, ms per second): on a shared machine the waiting
+part of the loop lag is the neighbours', not the relay's; the
 control socket's round trip (a ``ping`` every 0.2 s during the
 overload: p50/p99/max); and the counts: sessions sent, accepted (250),
 refused with 421 4.3.2, other replies, timeouts, capped. After the
@@ -42,23 +49,28 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
-from bench.procwatch import sample
+from bench.relaymetrics import (
+    ControlProbe,
+    lag_quantiles,
+    relay_cpu,
+    run_waits,
+    scrape,
+    sent,
+    workers,
+)
 from qmgrd.daemon.control import control_socket_path
 from qmgrd.daemon.looplag import quantile
-from qmgrd.ops.client import call
 
 REPO = Path(__file__).resolve().parents[1]
 _BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
@@ -178,87 +190,6 @@ def run_generator(port: int, mode: str, value: float, duration: float, cap: int)
     return counts
 
 
-# -- reading the relay ------------------------------------------------------------------------
-
-_SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})? ([0-9.e+-]+|\+Inf|NaN)$")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """The relay's /metrics as {name{labels}: value}."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
-    return out
-
-
-def sent(metrics: dict[str, float]) -> float:
-    """Recipients delivered (status sent), every transport."""
-    return sum(
-        v
-        for k, v in metrics.items()
-        if k.startswith("qmgrd_deliveries_total{") and 'status="sent"' in k
-    )
-
-
-def lag_quantiles(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, int]:
-    """(p50, p99, samples) of the loop-lag histogram between two scrapes, interpolated."""
-    buckets: list[tuple[float, float]] = []
-    for key, value in after.items():
-        m = re.match(r'qmgrd_event_loop_lag_seconds_bucket\{le="([^"]+)"\}', key)
-        if m:
-            bound = float("inf") if m.group(1) == "+Inf" else float(m.group(1))
-            buckets.append((bound, value - before.get(key, 0.0)))
-    buckets.sort()
-    total = buckets[-1][1] if buckets else 0.0
-
-    def q(frac: float) -> float:
-        want, prev_bound, prev_count = frac * total, 0.0, 0.0
-        for bound, count in buckets:
-            if count >= want:
-                if bound == float("inf"):
-                    return prev_bound
-                span = count - prev_count
-                return prev_bound + (bound - prev_bound) * (
-                    (want - prev_count) / span if span else 1
-                )
-            prev_bound, prev_count = bound, count
-        return prev_bound
-
-    return q(0.5), q(0.99), int(total)
-
-
-class ControlProbe:
-    """Pings the control socket every ``interval`` seconds in a thread; keeps round trips."""
-
-    def __init__(self, sock: Path, interval: float = 0.2) -> None:
-        self.sock, self.interval = sock, interval
-        self.times: list[float] = []
-        self.failures = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            t0 = time.monotonic()
-            try:
-                call(self.sock, {"op": "ping"}, timeout=10)
-                self.times.append(time.monotonic() - t0)
-            except Exception:  # a failed probe is what we measure, not a crash
-                self.failures += 1
-
-    def __enter__(self) -> ControlProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(15)
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -300,10 +231,52 @@ def _ping(when: str, probe: ControlProbe) -> None:
     )
 
 
-def relay_cpu(pid: int) -> float:
-    """The relay process's CPU seconds so far (its threads included)."""
-    got = sample(pid)
-    return got.cpu if got is not None else 0.0
+def _wait_line(
+    when: str,
+    before: dict[int, tuple[float, float]],
+    after: dict[int, tuple[float, float]],
+    seconds: float,
+) -> str:
+    parts = []
+    for n, pid in enumerate(after):
+        if pid in before:
+            ran, waited = (a - b for a, b in zip(after[pid], before[pid], strict=True))
+            who = "queue manager" if n == 0 else f"worker pid {pid}"
+            parts.append(
+                f"{who} ran {ran * 1000 / seconds:.0f} ms/s, waited {waited * 1000 / seconds:.0f}"
+            )
+    return f"main threads {when} (schedstat, ms per second): " + ", ".join(parts)
+
+
+def _cpu_line(
+    when: str,
+    before: tuple[float, float],
+    after: tuple[float, float],
+    seconds: float,
+    delivered: float,
+) -> str:
+    qmgr, smtpd = after[0] - before[0], after[1] - before[1]
+    line = (
+        f"relay CPU {when}: {(qmgr + smtpd) / seconds:.0%} of a core, "
+        f"{(qmgr + smtpd) * 1000 / max(1.0, delivered):.2f} ms per delivered message"
+    )
+    if smtpd:
+        line += f" (queue manager {qmgr / seconds:.0%}, listener workers {smtpd / seconds:.0%})"
+    return line
+
+
+def _lag_lines(when: str, before: dict[str, float], after: dict[str, float]) -> None:
+    p50, p99, n = lag_quantiles(before, after)
+    print(f"event-loop lag {when}: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms ({n} samples)")
+    for worker in workers(after):
+        w50, w99, wn = lag_quantiles(
+            before, after, "qmgrd_smtpd_worker_event_loop_lag_seconds", f',worker="{worker}"'
+        )
+        cap = after.get(f'qmgrd_smtpd_worker_session_cap{{worker="{worker}"}}', 0)
+        print(
+            f"  listener worker {worker} loop lag {when}: p50 {w50 * 1000:.1f} ms, p99 "
+            f"{w99 * 1000:.1f} ms ({wn} samples); session cap at the end {cap:.0f}"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,7 +290,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--main-cf", action="append", default=[], help="an extra main.cf line (after REGULATED)"
     )
+    parser.add_argument(
+        "--smtpd-workers",
+        default=None,
+        help="smtpd_worker_processes (0/1: listener in process, N or auto: N workers; "
+        "default: main.cf's default)",
+    )
     args = parser.parse_args(argv)
+    if args.smtpd_workers is not None:
+        args.main_cf = [f"smtpd_worker_processes = {args.smtpd_workers}", *args.main_cf]
     with tempfile.TemporaryDirectory(prefix="qmgrd-overload-") as tmp:
         root = Path(tmp)
         sinkproc = subprocess.Popen(
@@ -348,22 +329,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(warm)
             with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
                 t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w1 = run_waits(relay.pid)
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w2 = run_waits(relay.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
-            q50, q99, n = lag_quantiles(m1, m2)
-            print(
-                f"relay CPU at peak: {(c2 - c1) / (t2 - t1):.0%} of a core, "
-                f"{(c2 - c1) * 1000 / max(1.0, sent(m2) - sent(m1)):.2f} ms per delivered message"
-            )
+            print(_cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
             )
-            print(
-                f"event-loop lag at peak: p50 {q50 * 1000:.1f} ms, "
-                f"p99 {q99 * 1000:.1f} ms ({n} samples)"
-            )
+            _lag_lines("at peak", m1, m2)
+            print(_wait_line("at peak", w1, w2, t2 - t1))
             _ping("at peak", peak_probe)
             rate = args.factor * peak
             print(
@@ -379,22 +356,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w3 = run_waits(relay.pid)
                 gen.start()
                 time.sleep(args.duration)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
+                w4 = run_waits(relay.pid)
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
-            p50, p99, samples = lag_quantiles(m3, m4)
-            print(
-                f"relay CPU under overload: {(c4 - c3) / (t4 - t3):.0%} of a core, "
-                f"{(c4 - c3) * 1000 / max(1.0, sent(m4) - sent(m3)):.2f} ms per delivered message"
-            )
+            print(_cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
-            print(
-                f"event-loop lag during overload: p50 {p50 * 1000:.1f} ms, p99 "
-                f"{p99 * 1000:.1f} ms ({samples} samples)"
-            )
+            _lag_lines("during overload", m3, m4)
+            print(_wait_line("during overload", w3, w4, t4 - t3))
             _ping("under overload", probe)
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "

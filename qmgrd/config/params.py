@@ -874,9 +874,10 @@ _TABLE: tuple[Param, ...] = (
     Param(
         "smtpd_worker_processes",
         _S,
-        "1",
-        "SMTP listener processes sharing the listening sockets (auto = one per CPU core; "
-        "0 or 1 = the listener runs in the queue manager's process); changes need a restart",
+        "auto",
+        "SMTP listener processes sharing the listening sockets (auto = one per CPU core, "
+        "os.cpu_count(); 0 or 1 = the listener runs in the queue manager's process); "
+        "changes need a restart",
         qmgrd_only=True,
     ),
     # --- delivery worker processes (qmgrd.daemon.dpool, .delivery; docs/processes.md) ---

@@ -63,10 +63,10 @@ from qmgrd.daemon.workpool import WorkPool
 from qmgrd.delivery.agent import Agent
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle
+from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.group import ListenerGroup
 from qmgrd.listener.observer import Committed
-from qmgrd.listener.server import bind_listener
 from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger
 from qmgrd.spool import QueueIdGenerator, Spool

@@ -291,7 +291,8 @@ class Engine:
             if d is not None
         ]
         timeout = max(0.0, min(deadlines) - now) if deadlines else None
-        if self._kick.is_set():
+        if self._kick.is_set():  # more to do at once: after what else the loop has ready
+            await asyncio.sleep(0)
             return
         # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the wait in a new task per pass.
         with contextlib.suppress(TimeoutError):

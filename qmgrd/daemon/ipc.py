@@ -13,6 +13,14 @@ characters). Worker to queue manager:
                                                recipient count (``Committed``)
 ``["s", {name: n}, sessions]``                 intake counts since the last ``s`` (below) and
                                                the sessions in progress now
+``["anvil", id, op, key, ...]``                per-client counts (``qmgrd.daemon.anvil``); the
+                                               queue manager answers ``["anvil", id, count]``
+``["load", cap, [n, ...], sum]``               every ``LOAD_INTERVAL`` seconds: the worker's
+                                               learned session cap, and its event loop's lag
+                                               samples since the last ``load`` per bucket of
+                                               ``looplag.LAG_BUCKETS`` (+Inf last) and their
+                                               sum (:class:`LoadReport`; exported per worker,
+                                               ``metrics_intake.WorkerLoad``)
 =============================================  ===============================================
 
 Queue manager to worker: ``["hup", accepted]`` (SIGHUP: reopen the log file;
@@ -54,6 +62,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from qmgrd.daemon.looplag import LoopLag
 from qmgrd.daemon.metrics_intake import AUTH_MECHANISMS, REJECT_REASONS, IntakeMetrics
 from qmgrd.daemon.metrics_intake import reject_reason as _reject_reason
 from qmgrd.listener.inflow import TokenGate
@@ -62,7 +71,9 @@ from qmgrd.listener.observer import Committed
 __all__ = [
     "FLUSH_DELAY",
     "INFLOW_COUNTS",
+    "LOAD_INTERVAL",
     "CountingIntake",
+    "LoadReport",
     "apply_counts",
     "close_channel",
     "commit_from",
@@ -75,6 +86,7 @@ __all__ = [
 ]
 
 FLUSH_DELAY = 0.05  # seconds a worker's intake counts may wait before they are sent
+LOAD_INTERVAL = 0.5  # seconds between a worker's load messages (session cap, loop lag)
 INFLOW_COUNTS = ("paused", "timeout", "refused")  # a worker's TokenGate counters, in order
 
 
@@ -252,3 +264,24 @@ async def close_channel(writer: asyncio.StreamWriter) -> None:
     with contextlib.suppress(ConnectionError):
         await writer.drain()
     writer.close()
+
+
+class LoadReport:
+    """A worker's ``load`` messages: its session cap and its loop lag's new samples."""
+
+    __slots__ = ("_cap", "_lag", "_sent", "_sent_total")
+
+    def __init__(self, lag: LoopLag, cap: Callable[[], int]) -> None:
+        """``lag``: the worker's loop lag; ``cap``: its learned session cap now."""
+        self._lag = lag
+        self._cap = cap
+        self._sent = [0] * len(lag.buckets)
+        self._sent_total = 0.0
+
+    def message(self) -> bytes:
+        """The next ``load`` message (the lag samples since the previous one)."""
+        now = list(self._lag.buckets)
+        deltas = [new - old for new, old in zip(now, self._sent, strict=True)]
+        total = self._lag.total
+        self._sent, self._sent_total, added = now, total, total - self._sent_total
+        return encode("load", self._cap(), deltas, round(added, 6))

@@ -11,7 +11,11 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   task of its own, so start-up does not wait for it); ``enqueue`` queues one
   id (its flow from the listener's facts, or read).
 - ``feed(now)`` moves WAITING messages to LOADING while the active queue has
-  room (``qmgr_message_active_limit``) and starts one load each; which one is
+  room (``qmgr_message_active_limit``) and starts one load each, at most
+  ``FEED_BATCH`` per pass (then it kicks the engine for another pass: a scan
+  that finds thousands of files never starts them all in one turn of the event
+  loop, whose lag every SMTP reply and control request would wait; Postfix's
+  qmgr also feeds a file or two per pass of its event loop); which one is
   fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
   Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
@@ -59,7 +63,9 @@ from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
 
-__all__ = ["Loader"]
+__all__ = ["FEED_BATCH", "Loader"]
+
+FEED_BATCH = 64  # loads started per engine pass at most
 
 
 class Loader:
@@ -163,12 +169,15 @@ class Loader:
         limit = ctx.settings.qmgr_message_active_limit
         table = ctx.table
         table.admission.wake(now)  # paced flows due now compete (no deadline left behind)
-        while not ctx.stopping and ctx.scheduler.message_count + table.loading < limit:
+        for _ in range(FEED_BATCH):
+            if ctx.stopping or ctx.scheduler.message_count + table.loading >= limit:
+                return
             room = ctx.scheduler.message_count + table.loading + 1 < limit
             record = table.next_waiting(room, now)
             if record is None:
                 return
             ctx.spawn(self.load(record, now))
+        ctx.kick()  # more may wait: the next pass goes on, after the loop ran other work
 
     async def load(self, record: Tracked, now: float) -> None:
         """Move ``record``'s file to ``active/``, parse it and hand it to the scheduler."""

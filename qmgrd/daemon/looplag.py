@@ -17,7 +17,10 @@ delivery's next step, the control socket's answer.
   (each as late as it would have been), so quantiles weigh time, not ticks
   (no coordinated omission);
 - ``histogram``: ``qmgrd_event_loop_lag_seconds`` in the registry given
-  (the daemon's metrics), every sample observed.
+  (the daemon's metrics), every sample observed;
+- ``buckets`` and ``total``: the same histogram kept as plain numbers (samples
+  per ``LAG_BUCKETS`` bucket, the last one +Inf, not cumulative; their sum),
+  what a listener worker sends its queue manager (``qmgrd.daemon.ipc``).
 
 ``stop()`` ends the chain. The clock is injected (``time.monotonic``).
 """
@@ -25,6 +28,7 @@ delivery's next step, the control socket's answer.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import time
 from collections import deque
@@ -59,10 +63,12 @@ class LoopLag:
         "_handle",
         "_loop",
         "average",
+        "buckets",
         "histogram",
         "interval",
         "last",
         "samples",
+        "total",
     )
 
     def __init__(
@@ -82,6 +88,8 @@ class LoopLag:
         self.average = 0.0  # exponential moving average of the samples
         self._alpha = 1.0 - math.exp(-interval / SMOOTHING)
         self.samples: deque[float] = deque(maxlen=_KEEP)
+        self.buckets = [0] * (len(LAG_BUCKETS) + 1)  # per bucket (le), the last one +Inf
+        self.total = 0.0  # sum of the samples
         self.histogram = (
             Histogram(
                 "qmgrd_event_loop_lag_seconds",
@@ -123,6 +131,8 @@ class LoopLag:
         self.last = lag
         self.average += (lag - self.average) * self._alpha
         self.samples.append(lag)
+        self.buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
+        self.total += lag
         if self.histogram is not None:
             self.histogram.observe(lag)
 

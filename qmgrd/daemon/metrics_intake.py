@@ -34,14 +34,28 @@ Relay access denied), ``size`` (552 / 5.3.4), ``too_many_recipients``
 AUTH limits, timeouts) and ``other``. AUTH's own 535 is not a reject (it is
 ``auth_failures_total``). Labels are never empty: an unknown mechanism is
 ``other``.
+
+:class:`WorkerLoad` (``IntakeMetrics.workers``) exports each listener worker
+process's state as its ``load`` and ``s`` messages report it
+(``qmgrd.daemon.ipc``), labelled ``worker`` (its slot, 1..N, kept when a
+worker is restarted): ``qmgrd_smtpd_worker_session_cap`` (its learned session
+cap, ``docs/regulator.md``), ``qmgrd_smtpd_worker_sessions`` and
+``qmgrd_smtpd_worker_event_loop_lag_seconds`` (a histogram with the buckets
+of the queue manager's ``qmgrd_event_loop_lag_seconds``). A worker that died
+has no gauges until its successor reports; its histogram stays (counts).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
 
+from qmgrd.daemon.looplag import LAG_BUCKETS
 from qmgrd.listener.observer import NULL_INTAKE, IntakeObserver
 
 __all__ = [
@@ -50,6 +64,7 @@ __all__ = [
     "REJECT_REASONS",
     "IntakeMetrics",
     "IntakeObserver",
+    "WorkerLoad",
     "reject_reason",
 ]
 
@@ -122,6 +137,8 @@ class IntakeMetrics:
             ("mechanism",),
             registry=registry,
         )
+        self.workers = WorkerLoad()  # listener worker processes, per worker
+        registry.register(self.workers)
         for reason in REJECT_REASONS:  # every series exists from the start (rate() needs it)
             self.rejects.labels(reason)
         for mechanism in AUTH_MECHANISMS:
@@ -158,3 +175,61 @@ class IntakeMetrics:
         """An AUTH exchange failed."""
         name = mechanism.upper()
         self.auth_failures.labels(name if name in AUTH_MECHANISMS else "other").inc()
+
+
+class WorkerLoad(Collector):
+    """Each listener worker's session cap, sessions and loop lag (module doc)."""
+
+    def __init__(self) -> None:
+        self.caps: dict[int, int] = {}
+        self.sessions: dict[int, int] = {}
+        self._buckets: dict[int, list[int]] = {}
+        self._sums: dict[int, float] = {}
+
+    def load(self, slot: int, fields: list[Any]) -> None:
+        """A ``["load", cap, [n, ...], sum]`` message of worker ``slot`` (ValueError if bad)."""
+        if len(fields) != 4 or not isinstance(fields[1], int) or not isinstance(fields[2], list):
+            raise ValueError(f"bad load message: {fields!r}")
+        counts, added = fields[2], fields[3]
+        width = len(LAG_BUCKETS) + 1
+        if len(counts) != width or not all(isinstance(n, int) and n >= 0 for n in counts):
+            raise ValueError(f"bad load message: {fields!r}")
+        if not isinstance(added, int | float):
+            raise ValueError(f"bad load message: {fields!r}")
+        self.caps[slot] = fields[1]
+        buckets = self._buckets.setdefault(slot, [0] * width)
+        for i, n in enumerate(counts):
+            buckets[i] += n
+        self._sums[slot] = self._sums.get(slot, 0.0) + float(added)
+
+    def collect(self) -> Iterator[GaugeMetricFamily | HistogramMetricFamily]:
+        """The per-worker families (module doc)."""
+        cap = GaugeMetricFamily(
+            "qmgrd_smtpd_worker_session_cap",
+            "A listener worker's session cap: learned from its event loop's lag "
+            "(in_flow_lag_limit), at most smtpd_session_limit.",
+            labels=("worker",),
+        )
+        for slot, value in sorted(self.caps.items()):
+            cap.add_metric((str(slot),), value)
+        sessions = GaugeMetricFamily(
+            "qmgrd_smtpd_worker_sessions",
+            "SMTP sessions in progress in a listener worker.",
+            labels=("worker",),
+        )
+        for slot, value in sorted(self.sessions.items()):
+            sessions.add_metric((str(slot),), value)
+        lag = HistogramMetricFamily(
+            "qmgrd_smtpd_worker_event_loop_lag_seconds",
+            "How late a listener worker's event loop ran a callback that was due "
+            "(sampled every 10 ms).",
+            labels=("worker",),
+        )
+        bounds = [*(repr(float(b)) for b in LAG_BUCKETS), "+Inf"]  # "1.0", as Histogram's
+        for slot, counts in sorted(self._buckets.items()):
+            running, cumulative = 0, []
+            for bound, n in zip(bounds, counts, strict=True):
+                running += n
+                cumulative.append((bound, running))
+            lag.add_metric((str(slot),), cumulative, self._sums[slot])
+        yield from (cap, sessions, lag)

@@ -21,6 +21,12 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   (``QueueIdGenerator``), so processes never draw the same id;
 - reports each durable commit and its intake counts over the channel
   (``qmgrd.daemon.ipc``) and says ``ready`` once it listens;
+- asks the queue manager for the per-client counts of
+  ``smtpd_client_connection_count_limit`` and ``smtpd_client_auth_rate_limit``
+  (``qmgrd.daemon.anvil``: Postfix's anvil is one server for every smtpd;
+  no answer within ``ANVIL_WAIT``: this process's own count, logged once);
+- reports its learned session cap and its loop lag's samples every
+  ``ipc.LOAD_INTERVAL`` (``["load", ...]``: per-worker series in /metrics);
 - runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
   flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
   such flows the queue manager sends (``["over", keys]``) when it changes;
@@ -54,9 +60,12 @@ from typing import Any
 from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
+from qmgrd.daemon.anvil import AnvilClient
 from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
 from qmgrd.daemon.ipc import (
+    LOAD_INTERVAL,
     CountingIntake,
+    LoadReport,
     close_channel,
     encode,
     encode_commit,
@@ -146,6 +155,7 @@ class Worker:
         self.intake = CountingIntake(self.send)
         self.group: ListenerGroup | None = None
         self.gate = WorkerFlowGate(cfg)
+        self.anvil = AnvilClient(self.send)  # per-client limits: the queue manager counts
         self.regulator: WorkerRegulator | None = None
         if args.tokens is not None:  # regulator: the queue manager's token pipe, inherited
             self.regulator = WorkerRegulator(args.tokens, FlowSettings.from_config(cfg))
@@ -175,21 +185,30 @@ class Worker:
             sockets=_sockets(self.args.listen),
             accept_batch=WORKER_ACCEPT_BATCH,
         )
-        if self.regulator is not None:  # regulator: on this process's own loop
-            for handle in (self.group.main, *self.group.services.values()):
+        for handle in (self.group.main, *self.group.services.values()):
+            handle.ctx.anvil = self.anvil.service(handle.settings.service)
+            if self.regulator is not None:  # regulator: on this process's own loop
                 handle.ctx.inflow = self.regulator.gate
+        report: asyncio.Task[None] | None = None
+        if self.regulator is not None:
             self.regulator.start()
+            report = asyncio.get_running_loop().create_task(self._report_load(self.regulator))
         try:
             await serve_commands(reader, self._command, self.log, self.stop, self.send)
         finally:
+            if report is not None:
+                report.cancel()
             if self.regulator is not None:
                 self.regulator.stop()
             await self.group.aclose()
+            self.anvil.close()
             self.intake.flush()
             await close_channel(self.writer)
 
     def _command(self, fields: list[Any]) -> None:
-        if fields[0] == "over":
+        if fields[0] == "anvil":
+            self.anvil.answer(fields)
+        elif fields[0] == "over":
             self.gate.over = frozenset(str(k) for k in fields[1])
         elif fields[0] == "backlog" and self.regulator is not None:
             self.regulator.over_backlog = fields[1] is True
@@ -198,6 +217,13 @@ class Worker:
             if len(fields) > 1 and fields[1] is True:
                 self.reload()
             self.send(encode("hup-done"))
+
+    async def _report_load(self, regulator: WorkerRegulator) -> None:
+        """Send the session cap and the loop lag's new samples every ``LOAD_INTERVAL``."""
+        report = LoadReport(regulator.lag, lambda: regulator.cap.limit)
+        while True:
+            await asyncio.sleep(LOAD_INTERVAL)
+            self.send(report.message())
 
     def reload(self) -> None:
         """Apply the configuration files again; a failure keeps the running settings."""

@@ -8,7 +8,7 @@ listener runs in the queue manager's process (``assemble.Daemon``).
 
 ``WorkerPool(config_dir, count, sockets, on_commit=..., on_lost=...,
 intake=..., spool=...)``: ``sockets`` are the listening sockets the queue manager bound
-(service name -> sockets, ``listener.server.bind_listener``), inherited by
+(service name -> sockets, ``listener.binding.bind_listener``), inherited by
 every worker (Postfix's master hands its smtpd processes the listening
 socket the same way), so the kernel queues each new connection once and
 whichever worker is free accepts it; a worker that dies loses no connection
@@ -50,6 +50,11 @@ Starting, restarting, reloading and stopping are the ``Supervisor``'s
   listening sockets (``--tokens FD``), so each worker's sessions take their
   tokens from the pipe the queue manager feeds; the workers' gate counters
   (``inflow:`` counts) are added to ``inflow``.
+- Per-client limits: ``anvil`` (``qmgrd.daemon.anvil``) answers the
+  workers' ``anvil`` requests (connection and AUTH counts over every worker,
+  as Postfix's anvil server); a worker's counts go when its process ends.
+- Per-worker metrics: its ``load`` messages (session cap, loop lag) and
+  sessions go to ``intake.workers`` (``metrics_intake.WorkerLoad``).
 - ``pids`` and ``sessions`` show the live workers (control and tests).
 """
 
@@ -66,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from qmgrd.config import Config
+from qmgrd.daemon.anvil import Anvil
 from qmgrd.daemon.ipc import apply_counts, commit_from, encode, inflow_counts
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.daemon.supervise import Child, Supervisor
@@ -124,6 +130,7 @@ class WorkerPool(Supervisor):
         self._over: frozenset[str] = frozenset()
         self._backlog = False
         self._refresh: asyncio.Task[None] | None = None
+        self.anvil = Anvil()  # per-client limits over every worker (qmgrd.daemon.anvil)
 
     @property
     def sessions(self) -> int:
@@ -175,6 +182,9 @@ class WorkerPool(Supervisor):
         kind = fields[0]
         if kind == "c":
             self.on_commit(commit_from(fields))
+        elif kind == "anvil":
+            if (answer := self.anvil.message(child.slot, fields)) is not None:
+                child.writer.write(answer)
         elif kind == "s":
             if self.intake is not None:
                 apply_counts(self.intake, fields[1])
@@ -183,8 +193,19 @@ class WorkerPool(Supervisor):
             child.sessions = int(fields[2])
             if self.intake is not None:
                 self.intake.sessions.set(self.sessions)
+                self.intake.workers.sessions[child.slot] = child.sessions
+        elif kind == "load":
+            if self.intake is not None:
+                self.intake.workers.load(child.slot, fields)
         else:
             raise ValueError(f"unknown notify message {kind!r}")
+
+    def on_exit(self, child: Child) -> None:
+        """Its per-client counts go, and its gauges (its successor reports its own)."""
+        self.anvil.lost(child.slot)
+        if self.intake is not None:
+            self.intake.workers.caps.pop(child.slot, None)
+            self.intake.workers.sessions.pop(child.slot, None)
 
     def on_ready(self, child: Child) -> None:
         """Send a new worker the flows over their backlog and the backlog flag."""

@@ -33,7 +33,8 @@ phases), ``session`` (the asyncio adapter, one per connection), ``commands``
 (one handler per SMTP verb), ``esmtp`` and ``address`` (argument parsing),
 ``auth`` (password file, PLAIN/LOGIN, the password pool), ``tls``,
 ``channel``, ``services`` (which listeners), ``limits``
-(per-client counters), ``server`` (accepting, admission, shutdown),
+(per-client counters), ``server`` (accepting, admission, shutdown), ``binding``
+(the listening sockets),
 ``settings``. Messages are written to the spool as they arrive
 (``qmgrd.spool.writer``).
 """

@@ -306,7 +306,8 @@ async def auth(s: Session, arg: str) -> None:
     at level encrypt AUTH before STARTTLS gets 530 5.7.0. After EHLO, outside a
     transaction, once per session. ``smtpd_client_auth_rate_limit`` AUTH
     commands per ``anvil_rate_time_unit`` per client (outside
-    ``smtpd_client_event_limit_exceptions``) get ``450 4.7.1``; three
+    ``smtpd_client_event_limit_exceptions``; counted over every listener
+    process when ``ctx.anvil`` is set) get ``450 4.7.1``; three
     failures end the session with 421; a saturated password pool answers
     ``454 4.7.0`` at once.
     """
@@ -326,7 +327,11 @@ async def auth(s: Session, arg: str) -> None:
         return
     limit = s.settings.auth_rate_limit
     if limit and not s.settings.limit_exempt(s.client_addr):
-        count = s.ctx.counters.auth_event(s.client_addr, s.ctx.clock(), s.settings.rate_time_unit)
+        unit = s.settings.rate_time_unit
+        count = s.ctx.counters.auth_event(s.client_addr, s.ctx.clock(), unit)
+        if s.ctx.anvil is not None:  # every listener process's count (limits.SharedCounts)
+            shared = await s.ctx.anvil.auth_event(s.client_addr, unit)
+            count = count if shared is None else shared
         if count > limit:
             s.log.warning(
                 "AUTH command rate limit exceeded", count=count, client=s.client, service="smtp"

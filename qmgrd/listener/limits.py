@@ -10,13 +10,24 @@ in (``now``); nothing here reads a clock.
 Memory: one entry per client with a live session, plus one per client that
 sent AUTH within the last window; stale rate entries are dropped once there
 are more than ``_PRUNE_AT`` of them.
+
+With several listener processes the per-client counts must be kept in one
+place, as Postfix keeps them in its one ``anvil`` server: a listener given a
+:class:`SharedCounts` (``ListenerContext.anvil``; the queue manager's, asked
+over a worker's notify channel, ``qmgrd.daemon.anvil``) asks it for the
+client's connection count at accept and its AUTH count at AUTH, and reports
+every disconnect. ``None`` from it means no answer in time: the caller then
+uses its own ``ClientCounters`` (fail open to the per-process count).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from qmgrd.errors import InvariantError
+
+__all__ = ["ClientCounters", "SharedCounts"]
 
 _PRUNE_AT = 4096
 
@@ -71,3 +82,19 @@ class ClientCounters:
     def _prune(self, now: float, unit: float) -> None:
         for addr in [a for a, r in self._rates.items() if not 0 <= now - r.start < unit]:
             del self._rates[addr]
+
+
+class SharedCounts(Protocol):
+    """Per-client counts kept for every listener process (Postfix's anvil; module doc)."""
+
+    async def connect(self, addr: str) -> int | None:
+        """Count a session of ``addr``: its live sessions everywhere, or None (no answer)."""
+        ...
+
+    def disconnect(self, addr: str) -> None:
+        """A session counted with ``connect`` ended (always called, answered or not)."""
+        ...
+
+    async def auth_event(self, addr: str, unit: float) -> int | None:
+        """Count an AUTH of ``addr``: its count in the window ``unit``, or None (no answer)."""
+        ...

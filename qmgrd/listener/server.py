@@ -12,7 +12,10 @@ that admission is decided before a session exists:
 - a client address (outside ``smtpd_client_event_limit_exceptions``, by
   default mynetworks) with ``smtpd_client_connection_count_limit`` live
   sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
-  as Postfix's anvil does ("Connection concurrency limit exceeded").
+  as Postfix's anvil does ("Connection concurrency limit exceeded"). In a
+  listener worker process the count is the queue manager's, over every
+  worker (``ListenerContext.anvil``, ``qmgrd.listener.limits.SharedCounts``),
+  asked before the session starts.
 
 The cap is also kept within the process's open-file limit: a session may
 hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
@@ -44,20 +47,17 @@ from collections.abc import Callable, Sequence
 
 from qmgrd.errors import ConfigError
 from qmgrd.listener.auth import PasswordChecker
+from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import OVERLOAD_REPLY
-from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
-# asyncio's default listen backlog (100) overflows when hundreds of clients connect at
-# once; the kernel then drops handshakes and clients stall for seconds in SYN retries
-# (500 simultaneous clients: 40% still waiting after 20 s). Linux caps it at somaxconn.
-_BACKLOG = 1024
 ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
@@ -186,24 +186,59 @@ class ListenerHandle:
             self.ctx.observer.rejected("limits")
             return
         limit = settings.client_connection_limit
-        if limit and counters.sessions(addr) >= limit and not settings.limit_exempt(addr):
-            log.warning(
-                "Connection concurrency limit exceeded",
-                count=counters.sessions(addr) + 1,
-                client=client,
-                service="smtp",
-            )
-            _refuse(
-                conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}"
-            )
-            self.ctx.observer.rejected("limits")
+        limited = limit > 0 and not settings.limit_exempt(addr)
+        anvil = self.ctx.anvil if limited else None
+        if limited and anvil is None and counters.sessions(addr) >= limit:
+            self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
             return
         counters.connect(addr)
-        task = self._loop.create_task(self._serve(conn, addr, settings))
+        task = self._loop.create_task(self._serve(conn, addr, settings, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+    def _refuse_concurrency(
+        self, conn: socket.socket, addr: str, count: int, settings: ListenerSettings
+    ) -> None:
+        """Postfix's anvil refusal: smtpd_client_connection_count_limit reached."""
+        get_logger("smtpd").warning(
+            "Connection concurrency limit exceeded",
+            count=count,
+            client=f"unknown[{addr}]",
+            service="smtp",
+        )
+        _refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
+        self.ctx.observer.rejected("limits")
+
+    async def _serve(
+        self,
+        conn: socket.socket,
+        addr: str,
+        settings: ListenerSettings,
+        anvil: SharedCounts | None = None,
+    ) -> None:
+        """Serve one admitted connection; with ``anvil`` the client's count is asked there
+        first (every listener process's sessions: ``limits.SharedCounts``; no answer in
+        time: this process's count)."""
+        if anvil is None:
+            await self._session(conn, addr, settings)
+            return
+        served = False
+        try:
+            count = await anvil.connect(addr)
+            if count is None:
+                count = self.ctx.counters.sessions(addr)
+            if count > settings.client_connection_limit:
+                self._refuse_concurrency(conn, addr, count, settings)
+                return
+            served = True
+            await self._session(conn, addr, settings)
+        finally:
+            if not served:  # refused, or cancelled while asking: _session's cleanup
+                conn.close()
+                self.ctx.counters.disconnect(addr)
+            anvil.disconnect(addr)
+
+    async def _session(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
@@ -279,53 +314,6 @@ def _refuse(conn: socket.socket, reply: str) -> None:
         conn.setblocking(False)
         conn.send(reply.encode("ascii", "replace") + b"\r\n")
     conn.close()
-
-
-def _bind(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for ``host:port`` (every address it resolves to)."""
-    out: list[socket.socket] = []
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-        seen = set()
-        for family, kind, proto, _, sockaddr in infos:
-            if (family, sockaddr) in seen:
-                continue
-            seen.add((family, sockaddr))
-            sock = socket.socket(family, kind, proto)
-            out.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-            sock.bind(sockaddr)
-            sock.listen(_BACKLOG)
-            sock.setblocking(False)
-    except OSError:
-        for sock in out:
-            sock.close()
-        raise
-    return out
-
-
-def bind_listener(settings: ListenerSettings) -> list[socket.socket]:
-    """Listening sockets for every ``settings.listen`` address (to serve here or hand over).
-
-    A bind failure is an operator error: ConfigError naming smtpd_listen (or
-    the master.cf service).
-    """
-    out: list[socket.socket] = []
-    for host, port in settings.listen:
-        try:
-            out += _bind(host, port)
-        except OSError as exc:
-            for sock in out:
-                sock.close()
-            what = "smtpd_listen" if settings.service == "smtp" else f"service {settings.service}"
-            raise ConfigError(
-                f"{what}: cannot listen on {host}:{port}: {exc.strerror or exc}"
-            ) from exc
-    return out
 
 
 async def start_listener(

@@ -58,7 +58,7 @@ from qmgrd.listener.channel import Channel
 from qmgrd.listener.commands import HANDLERS
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import OPEN_GATE, IntakeGate
-from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.protocol import (
     Closed,
@@ -96,6 +96,7 @@ class ListenerContext:
     observer: IntakeObserver = NULL_INTAKE  # intake metrics (qmgrd.listener.observer)
     gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
     inflow: IntakeGate = OPEN_GATE  # regulator: in_flow_delay, 421 4.3.2 (listener.inflow)
+    anvil: SharedCounts | None = None  # per-client counts of every listener process (limits)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: get_logger("smtpd"))
     cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))

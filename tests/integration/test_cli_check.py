@@ -64,7 +64,12 @@ def test_production_example_passes_and_says_what_would_run(tmp_path: Path) -> No
         out
     )
     assert "routing: default_transport = smtp; relayhost = [smtp.example.net]:587" in out
-    assert "processes: one; the SMTP listener runs in the queue manager's process" in out
+    cores = os.cpu_count() or 1  # smtpd_worker_processes = auto (the default): one per core
+    assert (
+        f"processes: {cores} SMTP listener processes (qmgrd-smtpd) and the queue manager"
+        if cores > 1
+        else "processes: one; the SMTP listener runs in the queue manager's process"
+    ) in out
     assert "logs: the journal under systemd" in out and "as qmgrd/<component>" in out
     assert f"spool: {tmp_path / 'spool'} (owner " in out
     assert out.endswith("qmgrd: check passed\n")

@@ -57,11 +57,11 @@ class Relay:
         self.conf = write_config(
             root,
             f"relayhost = {sink.nexthop}\n"
-            f"smtpd_worker_processes = {workers}\n"
             f"maillog_file = {self.maillog}\n"
             f"metrics_listen = 127.0.0.1:{self.metrics_port}\n"
             "smtpd_banner = $myhostname ESMTP first\n" + extra,
             listen=f"127.0.0.1:{self.port}",
+            workers=workers,
         )
         self.proc = DaemonProcess(self.conf)
 

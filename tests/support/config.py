@@ -8,6 +8,14 @@ the daemon does). ``master.cf`` is the one the project ships
 by default: the OS picks a free port) and keeps the SMTP client's connect and
 command timeouts short so a broken test fails in seconds; ``main`` is
 appended, and a later line overrides an earlier one.
+
+Listener processes: ``qmgrd run`` started on these files runs the product's
+default, ``smtpd_worker_processes = auto`` (one listener worker per core),
+unless ``workers`` is given: a test that depends on the listener running in
+the queue manager's process (its pid on smtpd log lines, no child process)
+passes ``workers=1``; one that needs workers passes their number. (Tests
+that build ``assemble.Daemon`` themselves listen in process whatever the
+file says: ``Daemon(workers=0)``.)
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ def write_config(
     master: str = "",
     listen: str = "127.0.0.1:0",
     queue_directory: Path | str | None = None,
+    workers: int | str | None = None,
 ) -> Path:
     """Write ``root/etc/{main,master}.cf`` (see the module docstring); returns ``root/etc``."""
     conf = root / "etc"
@@ -41,7 +50,8 @@ def write_config(
         "smtp_mail_timeout = 10s\n"
         "smtp_rcpt_timeout = 10s\n"
         "smtp_data_done_timeout = 10s\n"
-        f"{main}\n"
+        + ("" if workers is None else f"smtpd_worker_processes = {workers}\n")
+        + f"{main}\n"
     )
     (conf / "master.cf").write_text(SHIPPED_MASTER_CF.read_text() + master)
     return conf

@@ -3,8 +3,13 @@
 Readiness is an event, not a guess: the process gets ``NOTIFY_SOCKET`` pointing
 at a datagram socket the test owns, and ``wait_ready()`` returns when the
 daemon sends ``READY=1`` (after recovery, with the listener bound). Every
-sd_notify datagram is kept in ``notifications``; ``wait_notify(state)`` waits
-for the next one carrying ``state`` (``RELOADING=1``, ``STOPPING=1``).
+sd_notify datagram is kept in ``notifications``, and the pid that sent it
+(``SCM_CREDENTIALS``, as systemd checks ``NotifyAccess=``) in ``senders``;
+``wait_notify(state)`` waits for the next one carrying ``state``
+(``RELOADING=1``, ``STOPPING=1``). ``argv`` replaces the command (a unit's
+``ExecStart``); ``new_session`` starts it as the leader of a process group of
+its own, so ``group()`` lists its processes as systemd's cgroup would and
+``signal_group`` signals them all at once (``KillMode=control-group``).
 
 Standard output and error are read by a thread into ``lines``; ``wait_for(needle)``
 blocks on that thread's condition (no polling) until a line containing
@@ -25,12 +30,13 @@ import itertools
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from tests.support.config import REPO
@@ -56,12 +62,22 @@ def qmgrd(conf: Path, *args: str, stdin: str = "") -> subprocess.CompletedProces
 class DaemonProcess:
     """One ``qmgrd run`` process (see the module docstring)."""
 
-    def __init__(self, conf: Path, *, umask: int | None = None) -> None:
+    def __init__(
+        self,
+        conf: Path,
+        *,
+        umask: int | None = None,
+        argv: Sequence[str] | None = None,
+        new_session: bool = False,
+    ) -> None:
         """Prepare (not start) a daemon for the configuration directory ``conf``."""
         self.conf = conf
         self.umask = umask
+        self.argv = list(argv or [sys.executable, "-m", "qmgrd", "-c", str(conf), "run"])
+        self.new_session = new_session
         self.lines: list[str] = []
         self.notifications: list[str] = []
+        self.senders: list[int] = []  # the pid that sent each notification
         self.started_at = 0.0
         self._cursor = 0
         self._eof = False
@@ -74,6 +90,7 @@ class DaemonProcess:
             self._notify_path = self._notify_dir / "notify.sock"
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(str(self._notify_path))
+        self._notify.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
 
@@ -94,12 +111,13 @@ class DaemonProcess:
 
         self.started_at = time.time()
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "qmgrd", "-c", str(self.conf), "run"],
+            self.argv,
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "NOTIFY_SOCKET": str(self._notify_path)},
             preexec_fn=preexec,
+            start_new_session=self.new_session,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -161,10 +179,12 @@ class DaemonProcess:
                 raise AssertionError(f"no {state} from the daemon: {self.notifications}")
             self._notify.settimeout(remaining)
             try:
-                message = self._notify.recv(4096).decode()
+                data, ancillary, _flags, _addr = self._notify.recvmsg(4096, socket.CMSG_SPACE(12))
             except TimeoutError:
                 continue
+            message = data.decode()
             self.notifications.append(message)
+            self.senders.append(_sender(ancillary))
             if state in message.split("\n"):
                 return message
 
@@ -180,6 +200,23 @@ class DaemonProcess:
         except FileNotFoundError:
             return []
         return sorted(int(word) for word in text.split())
+
+    def group(self) -> list[int]:
+        """The processes of its process group (``new_session``: the daemon and its workers)."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue  # gone meanwhile
+                if int(stat.rsplit(")", 1)[1].split()[2]) == self.proc.pid:
+                    out.append(int(entry.name))
+        return sorted(out)
+
+    def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to every process of its group at once (``new_session``)."""
+        os.killpg(self.proc.pid, signum)
 
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` to the daemon."""
@@ -218,6 +255,14 @@ class DaemonProcess:
             self._notify_path.unlink()
         if self._notify_dir is not None:
             self._notify_dir.rmdir()
+
+
+def _sender(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """The sender's pid from a datagram's ``SCM_CREDENTIALS`` (0 when there is none)."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return int(struct.unpack("iII", data[:12])[0])
+    return 0
 
 
 @contextlib.contextmanager
