@@ -9,7 +9,12 @@ is a ``ConfigError`` naming the parameter. ``create_gate(settings, ctx)`` builds
 (``local`` or Redis, :mod:`qmgrd.destdb`) and the gate.
 
 ``DestGate.active`` is False for ``local`` with no rate limit: dispatch then skips the gate
-(no cost). Otherwise dispatch calls, for each selected entry:
+(no cost). With Redis the limits asked for carry the transport's concurrency limit and its
+window settings (``initial_destination_concurrency`` and the positive and negative
+feedback): the cluster shares one window per destination, so before anything is learned
+the nodes together open as many sessions as one Postfix node would, not one window each.
+With ``local`` only the rate limit is asked for (the core's window is Postfix's). Dispatch
+calls, for each selected entry:
 
 - ``before(entry) -> Lease | None`` — the backend's admission. ``None``: the entry did not
   start and the core was told: cluster full or rate-limited or another node probing
@@ -17,8 +22,10 @@ is a ``ConfigError`` naming the parameter. ``create_gate(settings, ctx)`` builds
   or declared dead by another node (``Scheduler.destination_hold``: dead here too until the
   shared revival time; the entry and the destination's TODO entries are deferred).
 - ``after(entry, lease, result, crashed) -> bool`` — releases the lease (a probe's outcome
-  becomes the destination's shared health). A 421 "full" refusal while other sessions held
-  leases cluster-wide is learned: the limit (those sessions) is published for every node,
+  becomes the destination's shared health; otherwise the outcome is feedback on the shared
+  window: none for a crash, nor, with learning, for a throttling refusal). A 421 "full"
+  refusal while other sessions held leases cluster-wide is learned: the limit (those
+  sessions) is published for every node (the shared window settles at it),
   and the entry goes back (the core's own ``entry_throttled`` first, as on one node; when
   the node alone had nothing else running, ``entry_postpone``). True: the entry is handled,
   dispatch records nothing.
@@ -40,6 +47,7 @@ from typing import Any
 from qmgrd.config import Config
 from qmgrd.core.entry import Entry
 from qmgrd.core.events import DestinationDead
+from qmgrd.core.feedback import parse_feedback
 from qmgrd.daemon.context import EngineContext
 from qmgrd.delivery.agent import DeliveryResult
 from qmgrd.destdb import (
@@ -50,6 +58,7 @@ from qmgrd.destdb import (
     Limits,
     Rate,
     Verdict,
+    Window,
     parse_rate,
 )
 from qmgrd.destdb.local import LocalState
@@ -78,6 +87,7 @@ class GateSettings:
     rates: Mapping[str, Rate | None]
     caps: Mapping[str, int]
     learning: Mapping[str, bool]
+    windows: Mapping[str, Window]
 
     @classmethod
     def from_config(cls, cfg: Config, transports: tuple[str, ...]) -> GateSettings:
@@ -108,7 +118,19 @@ class GateSettings:
                 n: cfg.transport(n).get_bool("destination_concurrency_learning")
                 for n in transports
             },
+            windows={n: _window(cfg, n) for n in transports},
         )
+
+
+def _window(cfg: Config, transport: str) -> Window:
+    """A transport's window settings (a bad feedback value is warned about by the core's
+    settings, and counts as constant 1 there and here)."""
+    view = cfg.transport(transport)
+    return Window(
+        init=view.get_int("initial_destination_concurrency"),
+        positive=parse_feedback(view.get_str("destination_concurrency_positive_feedback"))[0],
+        negative=parse_feedback(view.get_str("destination_concurrency_negative_feedback"))[0],
+    )
 
 
 def create_state(settings: GateSettings, log: Any) -> DestinationState:
@@ -150,8 +172,11 @@ class DestGate:
             self.state.dead_seconds = settings.dead_seconds
 
     def _limits(self, transport: str) -> Limits:
-        cap = self.settings.caps.get(transport, 0) if isinstance(self.state, RedisState) else 0
-        return Limits(cap, self.settings.rates.get(transport))
+        rate = self.settings.rates.get(transport)
+        if not isinstance(self.state, RedisState):
+            return Limits(0, rate)
+        settings = self.settings
+        return Limits(settings.caps.get(transport, 0), rate, settings.windows.get(transport))
 
     async def before(self, entry: Entry) -> Lease | None:
         """Ask the backend; on a refusal tell the core and return None (module doc)."""
@@ -185,14 +210,19 @@ class DestGate:
     ) -> bool:
         """Release the lease; True when a cluster-full refusal put the entry back."""
         hop = result.hop
-        await self.state.release(lease, ok=not crashed and hop is None)
+        learning = self.settings.learning.get(entry.transport, False)
+        await self.state.release(
+            lease,
+            ok=not crashed and hop is None,
+            feedback=not crashed and not (learning and result.throttle is not None),
+        )
         if (
             crashed
             or hop is None
             or result.throttle != "full"
             or not lease.shared
             or lease.count <= 1
-            or not self.settings.learning.get(entry.transport, False)
+            or not learning
         ):
             return False
         # The destination refused a session while lease.count - 1 others ran cluster-wide:
@@ -200,7 +230,10 @@ class DestGate:
         ctx = self.ctx
         observed = lease.count - 1
         self.learned += 1
-        ctx.spawn(self.state.publish_limit(lease.key, observed))
+        window = lease.limits.window if lease.limits is not None else None
+        await self.state.publish_limit(
+            lease.key, observed, init=window.init if window is not None else 0
+        )
         now = ctx.clock.now()
         if not ctx.scheduler.entry_throttled(
             entry, kind="full", hop=(hop.dsn, hop.reason), now=now

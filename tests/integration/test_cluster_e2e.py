@@ -81,12 +81,16 @@ async def test_without_shared_state_the_nodes_overrun_the_destination(tmp_path: 
 async def test_learned_limit_is_shared_and_defers_at_most_two_percent(
     tmp_path: Path, redis: RedisServer
 ) -> None:
-    """Client limit 20, learning on: the 421s teach the cluster the sink's limit (published
-    in Redis), and at most 2 % of the recipients are deferred."""
+    """Client limit 20, initial window 5, learning on: the nodes share one window (5, not
+    5 each), grown by positive feedback until the sink's 421 teaches the cluster its limit
+    (published in Redis): the sink's peak stays <= 5 + 1 and at most 2 % of the
+    recipients are deferred."""
     extra = "default_destination_concurrency_learning = yes\n"
     with structlog.testing.capture_logs():
         async with smtp_sink(busy_sink()) as sink:
             cluster = await run_three(tmp_path, sink, redis.url, extra)
+    print(f"peak {sink.peak}, deferred {cluster.stat('recipients_deferred')}")
+    assert sink.peak <= SERVER_LIMIT + 1
     total = 3 * PER_NODE
     assert cluster.stat("recipients_sent") + cluster.stat("recipients_deferred") == total
     assert cluster.stat("recipients_deferred") <= 0.02 * total
