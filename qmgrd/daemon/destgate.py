@@ -225,15 +225,14 @@ class DestGate:
             or not learning
         ):
             return False
-        # The destination refused a session while lease.count - 1 others ran cluster-wide:
-        # that is its limit, for every node.
+        # The destination refused a session while others ran cluster-wide: their number is
+        # its limit, for every node (the backend counts the leases held now).
         ctx = self.ctx
-        observed = lease.count - 1
         self.learned += 1
         window = lease.limits.window if lease.limits is not None else None
-        await self.state.publish_limit(
-            lease.key, observed, init=window.init if window is not None else 0
-        )
+        observed = await self.state.publish_limit(
+            lease.key, lease.count - 1, init=window.init if window is not None else 0
+        ) or lease.count - 1
         now = ctx.clock.now()
         if not ctx.scheduler.entry_throttled(
             entry, kind="full", hop=(hop.dsn, hop.reason), now=now

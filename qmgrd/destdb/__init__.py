@@ -164,6 +164,7 @@ class Lease:
     probe: bool = False
     count: int = 0  # sessions to the destination when it was granted, this one included
     limits: Limits | None = None  # what it was granted under (the window's feedback)
+    granted: int = 0  # the shared backend's clock when it was granted (ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -171,7 +171,7 @@ class RedisState:
         )
         if reply is None:
             return self._fallback_admit(key, limits)
-        verdict, number, count, status, reason, cap = reply
+        verdict, number, count, status, reason, cap, server_now = reply
         number, count = int(number), int(count)
         if int(cap) > 0:
             if len(self._caps) >= _CAPS_KEPT and key not in self._caps:
@@ -181,6 +181,7 @@ class RedisState:
             self._held.setdefault(key, set()).add(ident)
             self._ensure_renewer()
             lease = Lease(key, ident, shared=True, probe=number == 1, count=count, limits=limits)
+            lease.granted = int(server_now)
             return Admission(Verdict.OK, lease=lease, count=count)
         if verdict == "dead":
             return Admission(Verdict.DEAD, retry_after=number / 1000.0, dsn=(status, reason))
@@ -242,7 +243,7 @@ class RedisState:
                 ident, int(lease.probe), int(ok), self.node, int(self.dead_seconds * 1000),
                 window.init if window is not None else 0, limits.cap, sign,
                 step.numerator if step else 0, step.kind if step else "",
-                step.denominator if step else 1, _WINDOW_TTL_MS,
+                step.denominator if step else 1, _WINDOW_TTL_MS, lease.granted, lease.count,
             ],
         )
 
@@ -269,14 +270,16 @@ class RedisState:
             )
 
     async def publish_limit(self, key: DestKey, limit: int, *, init: int = 0) -> int:
-        """The cluster cap of ``key`` is at most ``limit`` for ``LEARNED_TTL`` seconds and its
-        shared window (``init``: the initial window; 0 = none) settles at it."""
+        """A session to ``key`` was refused as one too many: the cluster cap is at most the
+        sessions holding leases now (``limit``, those running when the refused one was
+        granted, if none) for ``LEARNED_TTL`` seconds, never raised while it holds, and the
+        shared window (``init``: the initial window; 0 = none) settles at it. Returns it."""
         if not self.up or limit <= 0:
             return 0
         keys = _keys(key)
         reply = await self._call(
             self._limit,
-            keys=[keys[3], keys[4]],
+            keys=[keys[3], keys[4], keys[0]],
             args=[limit, int(LEARNED_TTL * 1000), init, _WINDOW_TTL_MS],
         )
         return 0 if reply is None else int(reply)

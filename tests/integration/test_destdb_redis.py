@@ -85,15 +85,19 @@ async def test_shared_window_starts_at_the_initial_window_for_the_whole_cluster(
     nodes: list[RedisState],
 ) -> None:
     """Cap 20, initial window 2: two leases cluster-wide, not two per node; positive feedback
-    (1/concurrency: two successes at window 2) grows it to 3 for every node; a failure
-    (constant 1, Postfix's first step of 2) brings it down to 1; no feedback leaves it."""
+    (1/concurrency: two successes of sessions granted at window 2 among 2) grows it to 3 for
+    every node; a failure (constant 1, Postfix's first step of 2) brings it down to 1; no
+    feedback leaves it."""
     a, b, c = nodes
     limits = Limits(cap=20, window=WINDOW)
     first, second = await _grant(a, limits), await _grant(b, limits)
     assert (await c.admit(KEY, limits)).verdict is Verdict.FULL
-    await a.release(first, ok=True)
+    await a.release(first, ok=True)  # granted among 1 only: no evidence for window 2
+    third = await _grant(c, limits)
+    assert (await a.admit(KEY, limits)).verdict is Verdict.FULL  # still 2
     await b.release(second, ok=True)
-    grown = [await _grant(n, limits) for n in nodes]  # window 3
+    await c.release(third, ok=True)  # the second success at 2: window 3
+    grown = [await _grant(n, limits) for n in nodes]
     assert (await a.admit(KEY, limits)).verdict is Verdict.FULL
     await c.release(grown[2], ok=False, feedback=False)  # a crash: no feedback
     again = await _grant(c, limits)
@@ -103,6 +107,48 @@ async def test_shared_window_starts_at_the_initial_window_for_the_whole_cluster(
     await b.release(grown[1], ok=False, feedback=False)
     await _grant(a, limits)
     assert (await b.admit(KEY, limits)).verdict is Verdict.FULL
+
+
+async def test_window_grows_only_on_sessions_granted_at_it(
+    server: RedisServer, nodes: list[RedisState]
+) -> None:
+    """Sessions granted before the window last changed say nothing about the new window:
+    window 3 with three sessions, a failure brings it to 1; the other two succeed after that
+    (granted among 2 and 3, more than 1) and the window stays 1."""
+    a, b, c = nodes
+    limits = Limits(cap=20, window=WINDOW)
+    first, second = await _grant(a, limits), await _grant(b, limits)
+    await a.release(first, ok=False, feedback=False)
+    third = await _grant(c, limits)
+    await b.release(second, ok=True)
+    await c.release(third, ok=True)  # two successes among 2: window 3
+    held = [await _grant(n, limits) for n in nodes]
+    assert [lease.count for lease in held] == [1, 2, 3]
+    await _next_ms(server)
+    await a.release(held[0], ok=False)  # window 1 from now on
+    await _next_ms(server)
+    await b.release(held[1], ok=True)
+    await c.release(held[2], ok=True)
+    await _grant(a, limits)
+    assert (await b.admit(KEY, limits)).verdict is Verdict.FULL
+
+
+async def _next_ms(server: RedisServer) -> None:
+    """Until the server's clock has moved on by a millisecond (grant times are in ms)."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(server.url)
+    try:
+        secs, micros = await client.time()
+        start = secs * 1000 + micros // 1000
+
+        async def moved() -> bool:
+            s, us = await client.time()
+            return s * 1000 + us // 1000 > start
+
+        await eventually(moved, "the next millisecond", timeout=2)
+    finally:
+        await client.aclose()
 
 
 async def test_learned_limit_settles_the_shared_window(nodes: list[RedisState]) -> None:
