@@ -95,8 +95,8 @@ class GateSettings:
         backend = cfg.get_str("destination_state_backend").strip()
         if backend != "local" and not backend.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
-                f"destination_state_backend: expected local, redis://host:port/db or "
-                f"rediss://host:port/db, got {backend!r}"
+                f"destination_state_backend: expected local, redis://host:port/db, "
+                f"rediss://host:port/db or unix:///path?db=N, got {backend!r}"
             )
         rates: dict[str, Rate | None] = {}
         for name in transports:

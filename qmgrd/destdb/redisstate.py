@@ -72,8 +72,11 @@ _WINDOW_TTL_MS = int(LEARNED_TTL * 1000)  # an idle destination's shared window 
 _CAPS_KEPT = 10_000  # destinations whose last cap in force is remembered for the fallback
 
 def describe_url(url: str) -> str:
-    """``scheme://host:port/db`` without the password (for logs and status)."""
+    """``scheme://host:port/db`` (``unix:///path``) without the password or options (for logs
+    and status)."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
     host = parts.hostname or "localhost"
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"

