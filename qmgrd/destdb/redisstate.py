@@ -19,7 +19,8 @@ connection leases are), and bounded by ``timeout``:
   failed one declares the destination dead again for ``dead_seconds`` (the node's
   ``minimal_backoff_time``). Otherwise the outcome is Postfix's feedback on the shared
   window (positive: it grows by the positive feedback while below the cap and below the
-  sessions running plus the initial window; negative: it shrinks, never below 1).
+  sessions running plus the initial window, counting only sessions granted since its last
+  change among as many sessions as the window; negative: it shrinks, never below 1).
 - ``publish_limit``: the learned limit, for ``LEARNED_TTL``; the shared window settles at it.
   An idle destination's window is forgotten after ``LEARNED_TTL``.
 - a background task renews every held lease each ``lease_ttl / 3`` (one round trip per
