@@ -16,8 +16,11 @@ the nodes together open as many sessions as one Postfix node would, not one wind
 With ``local`` only the rate limit is asked for (the core's window is Postfix's). Dispatch
 calls, for each selected entry:
 
-- ``before(entry) -> Lease | None`` — the backend's admission. ``None``: the entry did not
-  start and the core was told: cluster full or rate-limited or another node probing
+- ``before(entry) -> Lease | None`` — the backend's admission (one at a time per
+  destination on this node; for ``FULL_RETRY`` after a FULL answer, and until this node
+  releases one of its own leases there, the destination is refused here without a round
+  trip, so a cluster at its cap is not polled once per waiting entry). ``None``: the entry
+  did not start and the core was told: cluster full or rate-limited or another node probing
   (``Scheduler.entry_postpone``: back to TODO, the destination waits until the retry time),
   or declared dead by another node (``Scheduler.destination_hold``: dead here too until the
   shared revival time; the entry and the destination's TODO entries are deferred).
@@ -39,6 +42,7 @@ entry is either started, put back in core, or deferred by the core with a reason
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -72,6 +76,7 @@ FULL_RETRY = 0.1
 another node's session ends)."""
 WAIT_RETRY = 0.5
 """At most this many seconds between two looks while another node probes a destination."""
+_FULL_KEPT = 10_000  # destinations remembered as FULL at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +167,9 @@ class DestGate:
         self.postponed = 0
         self.held = 0
         self.learned = 0
+        self._full_until: dict[DestKey, float] = {}  # FULL lately: refused here until then
+        self._turns: dict[DestKey, asyncio.Lock] = {}  # one admission at a time per destination
+        self._waiting: dict[DestKey, int] = {}
 
     def update(self, settings: GateSettings) -> None:
         """Reloaded limits (the backend itself changes only with a restart)."""
@@ -181,12 +189,40 @@ class DestGate:
     async def before(self, entry: Entry) -> Lease | None:
         """Ask the backend; on a refusal tell the core and return None (module doc)."""
         key = DestKey(entry.transport, entry.queue.name)
-        adm = await self.state.admit(key, self._limits(entry.transport))
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = asyncio.Lock()
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with turn:
+                if self._full(key):
+                    adm = Admission(Verdict.FULL)
+                else:
+                    adm = await self.state.admit(key, self._limits(entry.transport))
+                    if adm.verdict is Verdict.FULL:
+                        if len(self._full_until) >= _FULL_KEPT:
+                            self._full_until.clear()  # bounded; at worst one more round trip
+                        self._full_until[key] = self.ctx.clock.now() + FULL_RETRY
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key], self._turns[key]
         if adm.lease is not None:
             adm.lease.count = adm.count
             return adm.lease
         self._refused(entry, adm)
         return None
+
+    def _full(self, key: DestKey) -> bool:
+        """The backend answered FULL for ``key`` less than FULL_RETRY ago (and this node has
+        released nothing there since)."""
+        until = self._full_until.get(key)
+        if until is None:
+            return False
+        if until > self.ctx.clock.now():
+            return True
+        del self._full_until[key]
+        return False
 
     def _refused(self, entry: Entry, adm: Admission) -> None:
         ctx = self.ctx
@@ -216,6 +252,7 @@ class DestGate:
             ok=not crashed and hop is None,
             feedback=not crashed and not (learning and result.throttle is not None),
         )
+        self._full_until.pop(lease.key, None)  # a session of ours ended: a slot may be free
         if (
             crashed
             or hop is None

@@ -109,9 +109,10 @@ async def test_learned_limit_is_shared_and_defers_at_most_two_percent(
             )
     deferred = cluster.stat("recipients_deferred")
     learned = sum(cluster.gate(i).learned for i in range(3))
+    trips = sum(cluster.gate(i).state.status()["round_trips"] for i in range(3))
     print(
         f"\nlearning: sink peak {sink.peak}, deferred {deferred}/{total}, "
-        f"{sink.refused} refused, {learned} learned"
+        f"{sink.refused} refused, {learned} learned, {trips} Redis round trips"
     )
     assert sink.peak <= SERVER_LIMIT + 1
     assert cluster.stat("recipients_sent") + cluster.stat("recipients_deferred") == total
