@@ -193,13 +193,19 @@ class Qmgrd(Relay):
 
     name = "qmgrd"
 
-    def __init__(self, workers: str | None = None, main_cf: Sequence[str] = ()) -> None:
+    def __init__(
+        self, workers: str | None = None, main_cf: Sequence[str] = (), delivery: str | None = None
+    ) -> None:
         """Nothing runs yet; ``workers``: smtpd_worker_processes (None: its default);
-        ``main_cf``: extra main.cf lines (``--qmgrd-main``)."""
+        ``main_cf``: extra main.cf lines (``--qmgrd-main``); ``delivery``:
+        delivery_worker_processes (None: its default)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.root = Path()
         self.workers = workers
+        self.delivery = delivery
         self.name = "qmgrd" if workers is None else f"qmgrd-w{workers}"
+        if delivery is not None:
+            self.name += f"-d{delivery}"
         self.main_cf = "".join(line + "\n" for line in main_cf)
 
     def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
@@ -213,6 +219,8 @@ class Qmgrd(Relay):
             extra = f"transport_maps = texthash:{conf / 'transport'}\n"
         if self.workers is not None:
             extra += f"smtpd_worker_processes = {self.workers}\n"
+        if self.delivery is not None:
+            extra += f"delivery_worker_processes = {self.delivery}\n"
         (conf / "main.cf").write_text(
             f"queue_directory = {root / 'spool'}\n"
             f"smtpd_listen = 127.0.0.1:{port}\n"
@@ -548,6 +556,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(e.g. 0,2; default: qmgrd's own default)",
     )
     parser.add_argument(
+        "--delivery-workers",
+        default=None,
+        help="qmgrd's delivery_worker_processes, or a comma list to run each in every round "
+        "(e.g. 0,1, combined with each --smtpd-workers value; default: qmgrd's own default)",
+    )
+    parser.add_argument(
         "--qmgrd-main", action="append", default=[], metavar="LINE",
         help="an extra main.cf line for qmgrd (repeatable; bench/destdb.py --e2e uses it)",
     )
@@ -572,26 +586,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"cpus={os.cpu_count()} loadavg={os.getloadavg()[0]:.1f} m={args.m} s={args.s} "
         f"rounds={args.rounds} relays={','.join(relays)} "
         f"smtpd_worker_processes={args.smtpd_workers or 'default'} "
+        f"delivery_worker_processes={args.delivery_workers or 'default'} "
         f"source=smtp-source -s {args.s} -m {args.m} -l SIZE [-r RCPTS]",
         flush=True,
     )
-    variants = [None] if args.smtpd_workers is None else args.smtpd_workers.split(",")
+    smtpd = [None] if args.smtpd_workers is None else args.smtpd_workers.split(",")
+    delivery = [None] if args.delivery_workers is None else args.delivery_workers.split(",")
+    variants = [(w, d) for w in smtpd for d in delivery]
+    variant_names = [Qmgrd(w, (), d).name for w, d in variants]
     if "qmgrd" in relays:
         at = relays.index("qmgrd")
-        relays[at : at + 1] = [Qmgrd(v).name for v in variants]
+        relays[at : at + 1] = variant_names
     runs: list[Run] = []
     failed = 0
     for shape in shapes:
         for rnd in range(1, args.rounds + 1):
             for name in relays:
-                relay: Relay = (
-                    Postfix(found["postfix"])
-                    if name == "postfix"
-                    else Qmgrd(
-                        variants[[Qmgrd(v).name for v in variants].index(name)],
-                        args.qmgrd_main,
-                    )
-                )
+                if name == "postfix":
+                    relay: Relay = Postfix(found["postfix"])
+                else:
+                    w, d = variants[variant_names.index(name)]
+                    relay = Qmgrd(w, args.qmgrd_main, d)
                 try:
                     run = run_once(relay, shape, rnd, args, found)
                 except (RuntimeError, OSError, subprocess.SubprocessError) as exc:

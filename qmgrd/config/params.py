@@ -880,6 +880,18 @@ _TABLE: tuple[Param, ...] = (
         "0 or 1 = the listener runs in the queue manager's process); changes need a restart",
         qmgrd_only=True,
     ),
+    # --- delivery worker processes (qmgrd.daemon.dpool, .delivery; docs/processes.md) ---
+    Param(
+        "delivery_worker_processes",
+        _I,
+        "0",
+        "SMTP delivery agent processes the queue manager hands deliveries to, entries of one "
+        "nexthop to the same process (0 = the agents run in the queue manager's process); "
+        "changes need a restart",
+        minimum=0,
+        maximum=256,
+        qmgrd_only=True,
+    ),
     # --- fair queuing between flows (qmgrd only; qmgrd.daemon.flows, qmgrd.core.fairq) ---
     Param(
         "default_fairness_key",

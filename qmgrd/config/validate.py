@@ -41,6 +41,7 @@ NOT_RELOADABLE = (
     "queue_directory",
     "smtpd_listen",
     "smtpd_worker_processes",
+    "delivery_worker_processes",
     "metrics_listen",
     "maillog_file",
     "log_format",

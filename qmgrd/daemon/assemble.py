@@ -1,8 +1,8 @@
 """The composition root: build the daemon's parts from a `Config` and run them.
 
-``create_engine`` wires an engine from its plain collaborators (scheduler,
-resolver, agents), kept apart from the engine so that tests can hand it fakes
-and ``reload_engine`` can rebuild exactly these pieces on SIGHUP.
+``create_agents``, ``create_engine`` and ``reload_engine`` (``qmgrd.daemon.wiring``,
+exported here) build the engine and its agents from a ``Config`` and apply a
+reload to them.
 
 ``Daemon`` is the whole daemon on one event loop: spool, engine, control
 socket, metrics endpoints, the maildrop pickup and the SMTP listener, both
@@ -41,21 +41,14 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Callable
-from pathlib import Path
 
 from qmgrd.cleanup import CleanupSettings
-from qmgrd.config import Config, check_reloadable, load_config
-from qmgrd.config.maps import locate_error
-from qmgrd.core.resolve import Resolver
-from qmgrd.core.scheduler import Scheduler
-from qmgrd.daemon.admitting import EngineFlowGate, admission_settings
+from qmgrd.config import Config, load_config
+from qmgrd.daemon.admitting import EngineFlowGate
 from qmgrd.daemon.clock import Clock, SystemClock
 from qmgrd.daemon.control import ControlServer, control_socket_path, start_control_server
-from qmgrd.daemon.destgate import GateSettings, create_gate
-from qmgrd.daemon.engine import Engine
-from qmgrd.daemon.flows import fairness_settings
+from qmgrd.daemon.dpool import DeliveryPool, remote_agents
 from qmgrd.daemon.intakeflow import FlowSettings, intake_regulator
-from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.metrics import (
     Metrics,
     spool_oldest_ages,
@@ -64,18 +57,10 @@ from qmgrd.daemon.metrics import (
 )
 from qmgrd.daemon.metrics_intake import IntakeMetrics
 from qmgrd.daemon.pickup import Pickup
-from qmgrd.daemon.settings import (
-    delivery_services,
-    engine_settings,
-    resolver_settings,
-    scheduler_params,
-    transport_params_fn,
-)
+from qmgrd.daemon.wiring import create_agents, create_engine, reload_engine
 from qmgrd.daemon.workers import WorkerPool
 from qmgrd.daemon.workpool import WorkPool
 from qmgrd.delivery.agent import Agent
-from qmgrd.delivery.factory import create_agent
-from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerHandle
 from qmgrd.listener.flowgate import FlowFacts
@@ -86,96 +71,7 @@ from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger
 from qmgrd.spool import QueueIdGenerator, Spool
 
-
-def _read_text(path: Path) -> str:
-    return path.read_text(encoding="utf-8")
-
-
-def create_agents(cfg: Config) -> dict[str, Agent]:
-    """One agent per master.cf delivery service, with that service's settings."""
-    agents: dict[str, Agent] = {}
-    for name, command in delivery_services(cfg).items():
-        view = cfg.transport(name)
-        try:
-            agents[name] = create_agent(command, SmtpSettings.from_transport(view))
-        except ConfigError as exc:  # settings name the parameter; say where it is set
-            raise ConfigError(locate_error(cfg, view, str(exc))) from None
-    return agents
-
-
-def create_engine(
-    cfg: Config,
-    *,
-    spool: Spool | None = None,
-    clock: Clock | None = None,
-    agents: dict[str, Agent] | None = None,
-    warn: Callable[[str], None] | None = None,
-) -> Engine:
-    """An engine wired from the configuration (agents may be replaced by tests)."""
-    log = get_logger("qmgr")
-
-    def _warn(text: str) -> None:
-        log.warning(text)
-
-    warn = warn or _warn
-    settings = engine_settings(cfg)
-    params = transport_params_fn(cfg, warn)
-    fairness = fairness_settings(cfg, warn)
-    admission = admission_settings(cfg, fairness=fairness)
-    engine = Engine(
-        settings=settings,
-        spool=spool or Spool(settings.queue_directory),
-        scheduler=Scheduler(scheduler_params(cfg), params),
-        resolver=Resolver(resolver_settings(cfg, _read_text)),
-        transport_params=params,
-        agents=agents if agents is not None else create_agents(cfg),
-        clock=clock or SystemClock(),
-        io=IoBatcher(),
-    )
-    engine.ctx.fairness = fairness
-    engine.configure_admission(admission)
-    # cluster: the destination gate (qmgrd.daemon.destgate); Daemon closes it after the engine
-    engine.ctx.gate = create_gate(cfg, engine.ctx, tuple(delivery_services(cfg)))
-    return engine
-
-
-def reload_engine(engine: Engine, config_dir: Path, running: Config | None = None) -> Config | None:
-    """SIGHUP: re-read main.cf and master.cf and apply them; None (old config kept) on error.
-
-    Everything is built before anything is swapped in, so a bad file changes
-    nothing: the error is logged with its file, line and parameter.
-    """
-    log = get_logger("master")
-    try:
-        cfg = load_config(config_dir)
-        if running is not None:
-            check_reloadable(running, cfg)  # start-only parameters (queue_directory, ...)
-        settings = engine_settings(cfg)
-        params = transport_params_fn(cfg, lambda text: log.warning(text))
-        resolver = Resolver(resolver_settings(cfg, _read_text))
-        sched = scheduler_params(cfg)
-        fairness = fairness_settings(cfg, lambda text: log.warning(text))
-        agents = create_agents(cfg)
-        admission = admission_settings(cfg, fairness=fairness)
-        gate = GateSettings.from_config(cfg, tuple(delivery_services(cfg)))  # cluster
-    except (ConfigError, ValueError) as exc:
-        log.error(f"reload refused, keeping the running configuration: {exc}")
-        return None
-    for warning in cfg.warnings:
-        log.warning(warning)
-    engine.reload(
-        settings=settings,
-        scheduler_params=sched,
-        transport_params=params,
-        resolver=resolver,
-        agents=agents,
-    )
-    engine.ctx.fairness = fairness  # messages loaded from now on get flows by the new settings
-    engine.configure_admission(admission)
-    if engine.ctx.gate is not None:
-        engine.ctx.gate.update(gate)  # cluster: reloaded rate limits and caps
-    return cfg
-
+__all__ = ["Daemon", "create_agents", "create_engine", "reload_engine"]
 
 class Daemon:
     """The daemon's parts on one event loop (see the module docstring)."""
@@ -188,12 +84,20 @@ class Daemon:
         fsync: bool = True,
         agents: dict[str, Agent] | None = None,
         workers: int = 0,
+        delivery_workers: int = 0,
     ) -> None:
         """Build (not start) every part; ``agents`` replaces master.cf's agents (tests).
 
-        ``workers`` > 1: that many listener processes (module doc).
+        ``workers`` > 1: that many listener processes; ``delivery_workers`` > 0 (without
+        ``agents``): that many delivery processes (module doc).
         """
         self.cfg = cfg
+        self.delivery: DeliveryPool | None = None  # delivery processes (qmgrd.daemon.dpool)
+        self._make_agents: Callable[[Config], dict[str, Agent]] = create_agents
+        if delivery_workers > 0 and agents is None:
+            pool = self.delivery = DeliveryPool(cfg.config_dir, delivery_workers)
+            self._make_agents = lambda c: remote_agents(c, pool, create_agents)
+            agents = self._make_agents(cfg)
         self.workers = workers if workers > 1 else 0
         self.spool = Spool(
             cfg.get_path("queue_directory"),
@@ -244,6 +148,13 @@ class Daemon:
         self.intake.start()
         self._stack.callback(self.intake.stop)
         await asyncio.to_thread(self._recover_pickup)  # before the engine's incoming scan
+        if self.delivery is not None:  # ready before the first delivery, stopped after the last
+            try:
+                await self.delivery.start()
+            except BaseException:
+                await self._stack.aclose()
+                raise
+            self._stack.push_async_callback(self.delivery.stop)
         self._stack.push_async_callback(self._close_gate)  # cluster: after the engine stops
         self._task = asyncio.get_running_loop().create_task(self.engine.run())
         self._stack.push_async_callback(self._stop_engine)
@@ -359,15 +270,17 @@ class Daemon:
         set of listen addresses or inet services needs a restart (logged).
         """
         accepted = self._reload()
-        if self.pool is not None:  # workers re-read the configuration only if accepted
-            self._hups = self.pool.hup(accepted)
+        for pool in (self.pool, self.delivery):  # workers re-read the configuration if accepted
+            if pool is not None:
+                self._hups += pool.hup(accepted)
         return accepted
 
     async def wait_reloaded(self) -> None:
-        """After ``reload``: wait (bounded) until every listener worker has applied it."""
+        """After ``reload``: wait (bounded) until every worker process has applied it."""
         hups, self._hups = self._hups, []
-        if self.pool is not None:
-            await self.pool.wait_hup(hups)
+        pool = self.pool or self.delivery  # either waits for every worker's futures
+        if pool is not None:
+            await pool.wait_hup(hups)
 
     def _reload(self) -> bool:
         listeners = None
@@ -379,7 +292,7 @@ class Daemon:
         except (ConfigError, ValueError) as exc:
             get_logger("master").error(f"reload refused, keeping the running configuration: {exc}")
             return False
-        new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg)
+        new_cfg = reload_engine(self.engine, self.cfg.config_dir, self.cfg, self._make_agents)
         if new_cfg is None:
             return False
         self.cfg = new_cfg

@@ -36,11 +36,19 @@ intake gate's counters ``inflow:paused``, ``inflow:timeout``,
 ``parse(line)`` returns the decoded array or raises ``ValueError`` for a
 line that is not one (a bug in the worker: the queue manager logs it and
 drops the line). Nothing here blocks; writes go to the stream's buffer.
+``await read_commands(reader, handle, log, stop)`` is a worker's reading side
+(listener and delivery workers): each message to ``handle`` until the
+channel ends, then ``stop`` is set; a line that is not a message, or one
+``handle`` refuses (``ValueError``, ``TypeError``, ``IndexError``), is logged
+and skipped. ``await serve_commands(reader, handle, log, stop, send)`` says
+``ready`` (``send``) and reads commands that way until ``stop`` is set.
+``await close_channel(writer)`` sends what is buffered and closes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -56,11 +64,14 @@ __all__ = [
     "INFLOW_COUNTS",
     "CountingIntake",
     "apply_counts",
+    "close_channel",
     "commit_from",
     "encode",
     "encode_commit",
     "inflow_counts",
     "parse",
+    "read_commands",
+    "serve_commands",
 ]
 
 FLUSH_DELAY = 0.05  # seconds a worker's intake counts may wait before they are sent
@@ -198,3 +209,46 @@ def apply_counts(intake: IntakeMetrics, counts: object) -> None:
             intake.rejects.labels(label if label in REJECT_REASONS else "other").inc(n)
         elif kind == "auth":
             intake.auth_failures.labels(label if label in AUTH_MECHANISMS else "other").inc(n)
+
+
+async def read_commands(
+    reader: asyncio.StreamReader,
+    handle: Callable[[list[Any]], None],
+    log: Any,
+    stop: asyncio.Event,
+) -> None:
+    """The queue manager's messages to ``handle`` until the channel ends (module doc)."""
+    try:
+        while line := await reader.readline():
+            try:
+                handle(parse(line))
+            except (ValueError, TypeError, IndexError) as exc:
+                log.error("bad message from the queue manager", error=str(exc))
+    except ConnectionError:
+        pass
+    except ValueError as exc:  # a line over the stream's limit
+        log.error("channel to the queue manager failed", error=str(exc))
+    stop.set()
+
+
+async def serve_commands(
+    reader: asyncio.StreamReader,
+    handle: Callable[[list[Any]], None],
+    log: Any,
+    stop: asyncio.Event,
+    send: Callable[[bytes], None],
+) -> None:
+    """Say ``ready``, then handle commands until ``stop`` is set (module doc)."""
+    send(encode("ready"))
+    commands = asyncio.get_running_loop().create_task(read_commands(reader, handle, log, stop))
+    try:
+        await stop.wait()
+    finally:
+        commands.cancel()
+
+
+async def close_channel(writer: asyncio.StreamWriter) -> None:
+    """Send what is buffered (unless the queue manager is gone), then close."""
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+    writer.close()

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.assemble import Daemon
+from qmgrd.daemon.dpool import delivery_worker_count
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.daemon.sdnotify import Notifier
@@ -45,7 +46,7 @@ async def serve(
     """
     log = get_logger("master")
     notifier = notifier or Notifier(None)
-    daemon = Daemon(cfg, workers=worker_count(cfg))
+    daemon = Daemon(cfg, workers=worker_count(cfg), delivery_workers=delivery_worker_count(cfg))
     await daemon.start()
     try:
         log.info(

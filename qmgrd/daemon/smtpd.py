@@ -45,22 +45,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import os
-import signal
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from qmgrd.cleanup import CleanupSettings
 from qmgrd.config import Config, load_config
 from qmgrd.daemon.admitting import REFUSE_REPLY, admission_settings, flow_or_none
 from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
-from qmgrd.daemon.ipc import CountingIntake, encode, encode_commit, parse
-from qmgrd.daemon.process import loop_factory, open_log_output
-from qmgrd.errors import ConfigError, QmgrdError
+from qmgrd.daemon.ipc import (
+    CountingIntake,
+    close_channel,
+    encode,
+    encode_commit,
+    serve_commands,
+)
+from qmgrd.daemon.process import worker_main, worker_signals
+from qmgrd.errors import ConfigError
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.group import ListenerGroup
 from qmgrd.listener.observer import Committed
@@ -68,23 +71,7 @@ from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger, reopen_logs
 from qmgrd.spool import QueueIdGenerator, Spool
 
-_PR_SET_NAME = 15
-_PR_SET_PDEATHSIG = 1
 WORKER_ACCEPT_BATCH = 4  # connections per wake-up: workers share each listening socket
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this process when its parent dies (Linux); exit now if it is already gone.
-
-    It also names the process ``qmgrd-smtpd`` (``ps -o comm``, top, the bench's per-process
-    CPU figures); its command line stays the python one.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        libc.prctl(_PR_SET_NAME, b"qmgrd-smtpd", 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(1)
 
 
 def _arguments(argv: Sequence[str]) -> argparse.Namespace:
@@ -174,10 +161,7 @@ class Worker:
         self.send(encode_commit(c))
 
     async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, self.stop.set)
-        for signum in (signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(signum, lambda: None)
+        worker_signals(self.stop)
         reader, self.writer = await asyncio.open_unix_connection(
             sock=socket.socket(fileno=self.args.channel)
         )
@@ -195,41 +179,25 @@ class Worker:
             for handle in (self.group.main, *self.group.services.values()):
                 handle.ctx.inflow = self.regulator.gate
             self.regulator.start()
-        self.send(encode("ready"))
-        commands = loop.create_task(self._commands(reader))
         try:
-            await self.stop.wait()
+            await serve_commands(reader, self._command, self.log, self.stop, self.send)
         finally:
-            commands.cancel()
             if self.regulator is not None:
                 self.regulator.stop()
             await self.group.aclose()
             self.intake.flush()
-            with contextlib.suppress(ConnectionError):
-                await self.writer.drain()
-            self.writer.close()
+            await close_channel(self.writer)
 
-    async def _commands(self, reader: asyncio.StreamReader) -> None:
-        """The queue manager's messages; its end of stream stops the worker."""
-        try:
-            while line := await reader.readline():
-                try:
-                    fields = parse(line)
-                except ValueError as exc:
-                    self.log.error("bad message from the queue manager", error=str(exc))
-                    continue
-                if fields[0] == "over":
-                    self.gate.over = frozenset(str(k) for k in fields[1])
-                elif fields[0] == "backlog" and self.regulator is not None:
-                    self.regulator.over_backlog = fields[1] is True
-                elif fields[0] == "hup":
-                    reopen_logs()
-                    if len(fields) > 1 and fields[1] is True:
-                        self.reload()
-                    self.send(encode("hup-done"))
-        except ConnectionError:
-            pass
-        self.stop.set()
+    def _command(self, fields: list[Any]) -> None:
+        if fields[0] == "over":
+            self.gate.over = frozenset(str(k) for k in fields[1])
+        elif fields[0] == "backlog" and self.regulator is not None:
+            self.regulator.over_backlog = fields[1] is True
+        elif fields[0] == "hup":
+            reopen_logs()
+            if len(fields) > 1 and fields[1] is True:
+                self.reload()
+            self.send(encode("hup-done"))
 
     def reload(self) -> None:
         """Apply the configuration files again; a failure keeps the running settings."""
@@ -256,25 +224,13 @@ class Worker:
 def main(argv: Sequence[str] | None = None) -> int:
     """The worker process (module doc); its exit status."""
     args = _arguments(sys.argv[1:] if argv is None else argv)
-    _die_with_parent(args.parent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the loop's handlers take over
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    try:
-        cfg = load_config(args.config_dir)
-        output = open_log_output(cfg)
-    except QmgrdError as exc:
-        print(f"qmgrd/smtpd: fatal: {exc}", file=sys.stderr)
-        return 1
-    try:
-        worker = Worker(args, cfg)
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            runner.run(worker.run())
-    except QmgrdError as exc:
-        get_logger("smtpd").error(f"fatal: {exc}")
-        return 1
-    finally:
-        output.close()
-    return 0
+    return worker_main(
+        args.parent,
+        args.config_dir,
+        name="qmgrd-smtpd",
+        program="smtpd",
+        body=lambda cfg: Worker(args, cfg).run(),
+    )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiosmtplib import SMTPResponse
-
 from qmgrd.delivery.agent import (
     DeliveryRequest,
     DeliveryResult,
@@ -31,6 +29,7 @@ from qmgrd.delivery.agent import (
     Recipient,
     RecipientResult,
 )
+from qmgrd.delivery.client import Reply
 from qmgrd.delivery.replies import Failure, reply_dsn, reply_text
 
 _UNAVAILABLE = Failure("4.3.0", "server unavailable or unable to receive mail", site=True)
@@ -74,7 +73,7 @@ class Attempt:
         for idx in list(self.pending):
             self.fail(idx, failure, final=final)
 
-    def sent(self, idx: int, response: SMTPResponse, relay: str) -> None:
+    def sent(self, idx: int, response: Reply, relay: str) -> None:
         """Record a delivered recipient."""
         rcpt = self.pending.pop(idx)
         self.results[idx] = RecipientResult(

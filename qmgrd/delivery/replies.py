@@ -29,9 +29,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from aiosmtplib import SMTPResponse
-
 from qmgrd.delivery.agent import Throttle
+from qmgrd.delivery.client import Reply
 
 _ENHANCED = re.compile(r"^([245])\.(\d{1,3})\.(\d{1,3})(?=\s|$)")
 _THROTTLE_TEXT_LIMIT = 1000  # untrusted text: bound the regex work
@@ -76,7 +75,7 @@ def throttle_kind(code: int, text: str) -> Throttle | None:
     return "full" if code == 421 else None
 
 
-def reply_text(response: SMTPResponse) -> str:
+def reply_text(response: Reply) -> str:
     """One-line rendering of a (possibly multi-line) reply: ``"550 5.1.1 user unknown"``."""
     return f"{response.code} {' '.join(response.message.splitlines())}".strip()
 

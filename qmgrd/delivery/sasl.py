@@ -30,12 +30,12 @@ name the file and line, never the line's text).
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aiosmtplib import SMTPResponse
-from aiosmtplib.auth import auth_crammd5_verify, auth_login_encode, auth_plain_encode
-
+from qmgrd.delivery.client import Reply
 from qmgrd.delivery.mx import DEFAULT_PORT, Destination, Endpoint
 from qmgrd.delivery.replies import Failure, reply_dsn, reply_text
 from qmgrd.errors import ConfigError
@@ -55,7 +55,7 @@ _EXCLUDED_BY = {
     "forward_secrecy": frozenset({"PLAIN", "LOGIN", "CRAM-MD5"}),
 }
 
-Command = Callable[..., Awaitable[SMTPResponse]]
+Command = Callable[..., Awaitable[Reply]]
 
 
 def parse_security_options(words: tuple[str, ...], param: str) -> frozenset[str]:
@@ -82,6 +82,22 @@ class Credentials:
     def __repr__(self) -> str:
         """Never show the password."""
         return f"Credentials(username={self.username!r}, password=<hidden>)"
+
+
+def auth_plain_encode(user: bytes, password: bytes) -> bytes:
+    """The PLAIN initial response (RFC 4616): base64 of NUL user NUL password."""
+    return base64.b64encode(b"\0" + user + b"\0" + password)
+
+
+def auth_login_encode(user: bytes, password: bytes) -> tuple[bytes, bytes]:
+    """The two LOGIN answers: base64 of the user name, then of the password."""
+    return base64.b64encode(user), base64.b64encode(password)
+
+
+def auth_crammd5_verify(user: bytes, password: bytes, challenge: str) -> bytes:
+    """The CRAM-MD5 answer (RFC 2195): base64 of the user and the HMAC-MD5 of the challenge."""
+    digest = hmac.new(password, base64.b64decode(challenge), hashlib.md5).hexdigest()
+    return base64.b64encode(user + b" " + digest.encode("ascii"))
 
 
 class SaslClient:
@@ -195,7 +211,7 @@ class SaslClient:
         )
 
     @staticmethod
-    async def _exchange(command: Command, mech: str, creds: Credentials) -> SMTPResponse:
+    async def _exchange(command: Command, mech: str, creds: Credentials) -> Reply:
         stage = "performing the SASL authentication"
         # Bytes as read from the table (surrogateescape): encoding can never raise an
         # exception whose repr would carry the password into a log line.
@@ -222,5 +238,5 @@ class SaslClient:
             base64.b64decode(response.message, validate=True)
         except ValueError:
             await command(stage, b"*")  # RFC 4954 §4: cancel the exchange
-            return SMTPResponse(535, "5.7.0 invalid CRAM-MD5 challenge from server")
+            return Reply(535, "5.7.0 invalid CRAM-MD5 challenge from server")
         return await command(stage, auth_crammd5_verify(user, password, response.message))

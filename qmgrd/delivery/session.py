@@ -18,6 +18,10 @@ site-level ``Failure`` (a destination failure: it may become a hop status):
 ``Session.key`` is the connection-cache key: the nexthop label, the endpoint,
 whether TLS is on and the SASL user, so an authenticated session is only
 reused for mail that would authenticate as the same user.
+
+The conversation runs on ``connection.Connection`` (our own client protocol,
+``client``); ``Session`` and ``run_command`` live in ``conversation`` and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -28,53 +32,19 @@ import os
 import socket
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import aiosmtplib
-from aiosmtplib import SMTPResponse
-
 from qmgrd.delivery.agent import Throttle
+from qmgrd.delivery.client import ReplyError, ehlo_extensions
+from qmgrd.delivery.connection import Connection
+from qmgrd.delivery.conversation import CacheKey, Session, SmtpStats, broken, run_command
 from qmgrd.delivery.mx import Destination, Endpoint
 from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text, throttle_kind
 from qmgrd.delivery.sasl import Credentials, SaslClient
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient, TlsPolicy, describe
 
-CacheKey = tuple[str, str, str, int, bool, str]
-
-
-@dataclass(slots=True, eq=False)
-class Session:
-    """An established SMTP session after the handshake (TLS and AUTH included)."""
-
-    smtp: aiosmtplib.SMTP
-    endpoint: Endpoint
-    label: str
-    tls: bool
-    created: float
-    user: str = ""  # SASL user the session authenticated as ("" = none)
-    reuse_count: int = 0
-
-    @property
-    def key(self) -> CacheKey:
-        """The connection-cache key (module doc)."""
-        ep = self.endpoint
-        return (self.label, ep.host, ep.addr, ep.port, self.tls, self.user)
-
-    def supports(self, extension: str) -> bool:
-        """Whether the server's EHLO reply advertised ``extension``."""
-        return self.smtp.supports_extension(extension)
-
-
-@dataclass(slots=True, eq=False)
-class SmtpStats:
-    """Counters for tests and benchmarks."""
-
-    connections: int = 0  # TCP connections opened
-    tls_handshakes: int = 0  # TLS handshakes completed
-    reused: int = 0  # sessions taken from the cache and probed successfully
-    deliveries: int = 0
+__all__ = ["FALLBACK", "CacheKey", "Connector", "Session", "SmtpStats", "broken", "run_command"]
 
 
 class Fallback:
@@ -82,21 +52,6 @@ class Fallback:
 
 
 FALLBACK = Fallback()
-
-
-async def run_command(session: Session, stage: str, timeout: float, *args: bytes) -> SMTPResponse:
-    """Run one command; a lost connection or timeout raises ``Lost`` (4.4.2, site)."""
-    relay = session.endpoint.relay
-    try:
-        return await session.smtp.execute_command(*args, timeout=timeout)
-    except aiosmtplib.SMTPTimeoutError:
-        raise Lost(
-            Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
-        ) from None
-    except (aiosmtplib.SMTPException, OSError) as exc:
-        raise Lost(
-            Failure("4.4.2", f"lost connection with {relay} while {stage}: {exc}", relay, True)
-        ) from None
 
 
 class Connector:
@@ -149,10 +104,8 @@ class Connector:
             sock.setblocking(False)
             if bind:
                 sock.bind((bind, 0))
-            await asyncio.wait_for(
-                asyncio.get_running_loop().sock_connect(sock, (ep.addr, ep.port)),
-                s.connect_timeout,
-            )
+            async with asyncio.timeout(s.connect_timeout):  # no task per connect (wait_for)
+                await asyncio.get_running_loop().sock_connect(sock, (ep.addr, ep.port))
         except TimeoutError:
             sock.close()
             return Failure("4.4.1", f"connect to {relay}: Connection timed out", relay, True)
@@ -183,40 +136,40 @@ class Connector:
         if isinstance(sock, Failure):
             return sock
         wrapper = s.tls_wrappermode and policy.level != "none"
-        smtp = aiosmtplib.SMTP(
-            sock=sock,
-            hostname=ep.host,
-            local_hostname=s.helo_name,
-            start_tls=False,
-            use_tls=wrapper,
-            tls_context=self.tls.context(policy) if wrapper else None,
-            validate_certs=False,  # the context decides; names are checked by TlsClient
-            timeout=s.helo_timeout,
-        )
+        conn = Connection()
+        stage = "receiving the initial server greeting"
         try:
-            greeting = await smtp.connect(timeout=s.helo_timeout)
-        except aiosmtplib.SMTPConnectResponseError as exc:
-            smtp.close()
-            dsn = reply_dsn(exc.code, exc.message)
+            if wrapper:
+                await asyncio.get_running_loop().create_connection(
+                    lambda: conn,
+                    sock=sock,
+                    ssl=self.tls.context(policy),
+                    server_hostname=ep.host,
+                    ssl_handshake_timeout=s.helo_timeout,
+                )
+            else:
+                await asyncio.get_running_loop().create_connection(lambda: conn, sock=sock)
+            greeting = await conn.read_reply(s.helo_timeout)
+        except ssl.SSLError as exc:
+            self._drop(sock, conn)
+            return self._handshake_failure(exc, relay)
+        except BaseException as exc:  # cancelled (shutdown) too: never leak the socket
+            self._drop(sock, conn)
+            if not isinstance(exc, (TimeoutError, ReplyError, OSError)):
+                raise
+            if isinstance(exc, TimeoutError):
+                return Failure(
+                    "4.4.2", f"conversation with {relay} timed out while {stage}", relay, True
+                )
+            return Failure("4.4.2", f"lost connection with {relay} while {stage}", relay, True)
+        if greeting.code // 100 != 2:
+            conn.close()
+            dsn = reply_dsn(greeting.code, greeting.message)
             if dsn.startswith("5") and s.skip_5xx_greeting:
                 dsn = "4" + dsn[1:]
-            text = f"host {relay} refused to talk to me: {exc.code} {exc.message}"
-            return Failure(dsn, text, relay, True, throttle_kind(exc.code, exc.message))
-        except (aiosmtplib.SMTPException, OSError) as exc:
-            smtp.close()
-            cause = exc.__cause__ if wrapper else None
-            if isinstance(cause, ssl.SSLError):
-                return self._handshake_failure(cause, relay)
-            timed_out = isinstance(exc, aiosmtplib.SMTPTimeoutError)
-            what = "timed out" if timed_out else "lost connection"
-            stage = "receiving the initial server greeting"
-            text = (
-                f"conversation with {relay} timed out while {stage}"
-                if timed_out
-                else f"{what} with {relay} while {stage}"
-            )
-            return Failure("4.4.2", text, relay, True)
-        session = Session(smtp, ep, dest.label, tls=wrapper, created=created)
+            text = f"host {relay} refused to talk to me: {reply_text(greeting)}"
+            return Failure(dsn, text, relay, True, throttle_kind(greeting.code, greeting.message))
+        session = Session(conn, ep, dest.label, tls=wrapper, created=created)
         looped = self._loops_back(greeting.message, session)
         if looped is not None:
             await self._quit_quietly(session)
@@ -226,19 +179,19 @@ class Connector:
                 self.stats.tls_handshakes += 1
                 failure = self._check_tls(session, dest, policy)
                 if failure is not None:
-                    smtp.close()
+                    session.close()
                     return failure
             await self.hello(session)
             if not wrapper and policy.level != "none":
                 result = await self._starttls(session, dest, policy)
                 if result is not None:
-                    smtp.close()
+                    session.close()
                     return result
             if creds is not None and session.supports("auth"):
                 failure = await self.sasl.authenticate(
                     lambda stage, *args: run_command(session, stage, s.helo_timeout, *args),
                     creds,
-                    smtp.server_auth_methods,
+                    session.extensions["auth"].upper().split(),
                     session.tls,
                     relay,
                 )
@@ -247,10 +200,21 @@ class Connector:
                     return failure
                 session.user = creds.username
         except Lost as lost:
-            smtp.close()
+            session.close()
             return lost.failure
+        except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
+            session.close()
+            raise
         self.log.debug("connected", relay=relay, tls=session.tls, auth=bool(session.user))
         return session
+
+    @staticmethod
+    def _drop(sock: socket.socket, conn: Connection) -> None:
+        """Close a connection that failed before its greeting (the socket if no transport)."""
+        if conn.transport is None:
+            sock.close()
+        else:
+            conn.close()
 
     async def hello(self, session: Session) -> None:
         """EHLO, or HELO if EHLO is refused; a refusal is a site-level failure (``Lost``)."""
@@ -259,13 +223,13 @@ class Connector:
         helo = s.helo_name.encode("ascii")
         response = await run_command(session, "sending EHLO", s.helo_timeout, b"EHLO", helo)
         if response.code == 250:
-            session.smtp.last_ehlo_response = response
+            session.extensions = ehlo_extensions(response)
             self._raise_if_loop(response.message, session)
             return
         if response.code != 421:
             response = await run_command(session, "sending HELO", s.helo_timeout, b"HELO", helo)
             if response.code == 250:
-                session.smtp.last_helo_response = response
+                session.extensions = {}
                 self._raise_if_loop(response.message, session)
                 return
         raise Lost(
@@ -305,30 +269,36 @@ class Connector:
                     "4.7.4", f"TLS is required, but was not offered by host {relay}", relay, True
                 )
             return None
+        conn = session.conn
+        failed: BaseException | None = None
         try:
-            await session.smtp.starttls(
-                tls_context=self.tls.context(policy),
-                server_hostname=session.endpoint.host,
-                timeout=s.starttls_timeout,
-            )
-        except aiosmtplib.SMTPResponseException as exc:
-            if not policy.mandatory and session.smtp.is_connected:
-                return None  # STARTTLS refused: carry on in plaintext
-            return Failure(
-                "4.7.5",
-                f"STARTTLS refused by host {relay}: {exc.code} {exc.message}",
-                relay,
-                True,
-            )
-        except (aiosmtplib.SMTPException, ssl.SSLError, OSError) as exc:
+            reply = await conn.command(b"STARTTLS\r\n", s.starttls_timeout)
+        except (TimeoutError, ReplyError, OSError) as exc:
+            failed = exc
+        else:
+            if reply.code != 220:
+                if not policy.mandatory and conn.is_connected:
+                    return None  # STARTTLS refused: carry on in plaintext
+                return Failure(
+                    "4.7.5",
+                    f"STARTTLS refused by host {relay}: {reply.code} {reply.message}",
+                    relay,
+                    True,
+                )
+            try:
+                context = self.tls.context(policy)
+                host = session.endpoint.host
+                session.conn = await conn.start_tls(context, host, s.starttls_timeout)
+            except (TimeoutError, OSError) as exc:  # ssl.SSLError is an OSError
+                failed = exc
+        if failed is not None:
             if not policy.mandatory:
-                self.log.debug("tls handshake failed, falling back", relay=relay, error=str(exc))
+                self.log.debug("tls handshake failed, falling back", relay=relay, error=str(failed))
                 return FALLBACK
-            cause = exc if isinstance(exc, ssl.SSLError) else exc.__cause__
-            if isinstance(cause, ssl.SSLError):
-                return self._handshake_failure(cause, relay)
+            if isinstance(failed, ssl.SSLError):
+                return self._handshake_failure(failed, relay)
             return Failure(
-                "4.7.5", f"Cannot start TLS with {relay}: handshake failure: {exc}", relay, True
+                "4.7.5", f"Cannot start TLS with {relay}: handshake failure: {failed}", relay, True
             )
         session.tls = True
         self.stats.tls_handshakes += 1
@@ -353,7 +323,7 @@ class Connector:
     def _check_tls(self, session: Session, dest: Destination, policy: TlsPolicy) -> Failure | None:
         """Check the peer certificate against the policy and log the result line."""
         relay = session.endpoint.relay
-        ssl_object = session.smtp.get_transport_info("ssl_object")
+        ssl_object = session.conn.get_extra_info("ssl_object")
         summary = describe(ssl_object)
         authenticated = policy.level in ("verify", "secure")
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
@@ -375,8 +345,8 @@ class Connector:
 
     async def _quit_quietly(self, session: Session) -> None:
         try:
-            await session.smtp.execute_command(b"QUIT", timeout=self.settings.quit_timeout)
-        except (aiosmtplib.SMTPException, OSError):
+            await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
+        except (TimeoutError, ReplyError, OSError):
             pass
         finally:
-            session.smtp.close()
+            session.close()

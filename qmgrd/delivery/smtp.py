@@ -1,10 +1,12 @@
-"""The SMTP delivery agent (Postfix smtp(8) on aiosmtplib; DESIGN §6, notes §10).
+"""The SMTP delivery agent (Postfix smtp(8) on our own client protocol; DESIGN §6, notes §10).
 
 One ``SmtpAgent`` per master.cf transport, shared by that transport's
 concurrent deliveries. ``deliver(request)`` never raises: every remote or local
 problem becomes a ``DeliveryResult``. The agent routes; the other modules do
 the rest: ``session`` (connect, TLS, AUTH), ``transaction`` (MAIL, RCPT, DATA,
-address checks), ``tlspolicy``, ``sasl``, ``mx`` (DNS), ``attempt`` (results).
+address checks; pipelined when offered), ``client`` and ``connection`` (the
+SMTP client protocol, sans-IO, and its asyncio adapter), ``tlspolicy``,
+``sasl``, ``mx`` (DNS), ``attempt`` (results).
 
 Theory of operation (one request):
 
@@ -38,7 +40,9 @@ label, endpoint and SASL user is taken from the cache and probed with RSET;
 with STORE a good session is returned to the cache instead of QUIT, unless it
 is older than ``smtp_connection_reuse_time_limit``, was reused
 ``smtp_connection_reuse_count_limit`` times, or uses TLS while
-``smtp_tls_connection_reuse`` is off.
+``smtp_tls_connection_reuse`` is off. Whether a session will be kept is
+decided before its transaction: one that will not be kept sends QUIT behind the
+end of data when the server pipelines (``Transaction.run(last=True)``).
 """
 
 from __future__ import annotations
@@ -48,11 +52,10 @@ import random
 import time
 from collections.abc import Callable
 
-import aiosmtplib
-
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
 from qmgrd.delivery.attempt import Attempt
 from qmgrd.delivery.cache import CallLater, ConnectionCache
+from qmgrd.delivery.client import ReplyError
 from qmgrd.delivery.mx import (
     Destination,
     DnsFailure,
@@ -239,18 +242,19 @@ class SmtpAgent:
             sessions += 1
             t1 = self.clock()
             try:
-                reusable = await self.transaction.run(att, session, wire)
+                keep = store and self._may_reuse(session)
+                reusable = await self.transaction.run(att, session, wire, last=not keep)
             except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
-                session.smtp.close()
+                session.close()
                 raise
             att.xfer_time += self.clock() - t1
-            if reusable and store and self._may_reuse(session):
+            if reusable and keep and not session.quit_sent and self._may_reuse(session):
                 session.reuse_count += 1
                 self.cache.store(session.key, session)
             elif reusable:
                 await self._quit(session)
             else:
-                session.smtp.close()
+                session.close()
             if last_addr or (s.mx_session_limit > 0 and sessions >= s.mx_session_limit):
                 return
 
@@ -274,16 +278,14 @@ class SmtpAgent:
                 if session is None:
                     break
                 try:
-                    response = await session.smtp.execute_command(
-                        b"RSET", timeout=self.settings.rset_timeout
-                    )
-                except (aiosmtplib.SMTPException, OSError):
-                    session.smtp.close()
+                    response = await session.conn.command(b"RSET\r\n", self.settings.rset_timeout)
+                except (TimeoutError, ReplyError, OSError):
+                    session.close()
                     continue
                 if response.code == 250:
                     self.stats.reused += 1
                     return session
-                session.smtp.close()
+                session.close()
         return None
 
     def _may_reuse(self, session: Session) -> bool:
@@ -298,9 +300,11 @@ class SmtpAgent:
     async def _quit(self, session: Session) -> None:
         """End a session politely (QUIT), closing it whatever happens."""
         try:
-            if session.smtp.is_connected:
-                await session.smtp.execute_command(b"QUIT", timeout=self.settings.quit_timeout)
-        except (aiosmtplib.SMTPException, OSError):
+            if session.quit_sent:  # pipelined behind the end of data: read its reply
+                await session.conn.read_reply(self.settings.quit_timeout)
+            elif session.conn.is_connected:
+                await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
+        except (TimeoutError, ReplyError, OSError):
             pass
         finally:
-            session.smtp.close()
+            session.close()

@@ -2,7 +2,7 @@
 
 ``wire_address(address, smtputf8)`` is the address exactly as it goes on the
 wire, or the reason it cannot go: a control character (even one the client
-escaped in a quoted local part: aiosmtplib refuses them, and RFC 5321 §4.1.2
+escaped in a quoted local part: RFC 5321 §4.1.2
 allows none), bytes that are not UTF-8, or 8-bit characters in a message
 without SMTPUTF8. An address is never changed on the way out; one that cannot
 be sent as is fails that message (sender) or that recipient, permanently, and
@@ -21,27 +21,30 @@ the header section is streamed through an ``OutboundFilter`` (one header
 held at a time, at most ``header_size_limit``; the body untouched). Without
 them the queue file's bytes are sent exactly as before.
 
-Content streaming: aiosmtplib's ``data()`` wants the whole message, so DATA is
-driven at the protocol level: ``DATA`` via ``execute_command``, then chunks
-encoded by ``content.DataEncoder`` written to the protocol with flow control
-(the protocol's drain helper, the mechanism ``StreamWriter.drain`` uses), then
-the final reply read with ``read_response``.
+The envelope (``client.Envelope``): when the server offers PIPELINING (RFC
+2920), MAIL FROM, every RCPT TO and DATA go out in one write and the replies
+are matched in order; otherwise one command at a time. Each reply is awaited
+with its command's timeout (``smtp_mail_timeout``, ``smtp_rcpt_timeout``,
+``smtp_data_init_timeout``).
+
+Content streaming: after 354 the content is encoded by ``content.DataEncoder``
+and written chunk by chunk with flow control (each wait for the transport at
+most ``smtp_data_xfer_timeout``); the last chunk goes out with the end of data
+in one write, and the final reply is awaited ``smtp_data_done_timeout``.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-
-import aiosmtplib
-from aiosmtplib import SMTPResponse
 
 from qmgrd.delivery.agent import DeliveryRequest
 from qmgrd.delivery.attempt import Attempt
+from qmgrd.delivery.client import Envelope, Reply, ReplyError, Step, command_line
 from qmgrd.delivery.content import DataEncoder
 from qmgrd.delivery.replies import Failure, Lost, dsn_param, reply_dsn, reply_text
-from qmgrd.delivery.session import Session, run_command
+from qmgrd.delivery.session import Session, broken, run_command
 from qmgrd.delivery.settings import SmtpSettings
+from qmgrd.errors import InvariantError
 
 
 class ContentError(Exception):
@@ -97,26 +100,35 @@ class Transaction:
         """Keep the settings (timeouts)."""
         self.settings = settings
 
-    async def run(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
-        """The transaction for the pending recipients; True if the session is reusable."""
+    async def run(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], *, last: bool = False
+    ) -> bool:
+        """The transaction for the pending recipients; True if the session is reusable.
+
+        ``last``: the session ends after this transaction. With PIPELINING, QUIT then
+        goes out in the same write as the end of data (``session.quit_sent``), as
+        Postfix's client pipelines it; the caller reads its reply.
+        """
         try:
-            return await self._steps(att, session, wire)
+            return await self._steps(att, session, wire, last)
         except Lost as lost:
-            session.smtp.close()
+            session.close()
             att.fail_pending(lost.failure)
             return False
         except ContentError as exc:
-            session.smtp.close()
+            session.close()
             att.fail_pending(Failure("4.3.0", f"error reading message content: {exc}"))
             return False
 
-    async def _steps(self, att: Attempt, session: Session, wire: dict[int, bytes]) -> bool:
+    async def _steps(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool
+    ) -> bool:
         s = self.settings
         req = att.request
         relay = session.endpoint.relay
         host = f"host {relay}"
 
-        def said(response: SMTPResponse, command: str) -> Failure:
+        def said(response: Reply, command: str) -> Failure:
             return Failure(
                 reply_dsn(response.code, response.message),
                 f"{host} said: {reply_text(response)} (in reply to {command} command)",
@@ -129,7 +141,7 @@ class Transaction:
                 Failure("5.6.7", f"SMTPUTF8 is required, but was not offered by {host}", relay)
             )
             return True
-        size_limit = session.smtp.esmtp_extensions.get("size", "")
+        size_limit = session.extensions.get("size", "")
         if size_limit.isdigit() and 0 < int(size_limit) < req.content.size:
             att.fail_pending(
                 Failure(
@@ -156,57 +168,46 @@ class Transaction:
 
         # smtp_generic_maps; checked by check_addresses
         sender = s.outbound.address(req.sender).encode("utf-8", "surrogateescape")
-        response = await run_command(
-            session,
-            "sending MAIL FROM",
-            s.mail_timeout,
-            b"MAIL",
-            b"FROM:<" + sender + b">",
-            *options,
-        )
-        if response.code == 421:
-            raise Lost(said(response, "MAIL FROM"))
-        if response.code // 100 != 2:
-            att.fail_pending(said(response, "MAIL FROM"))
-            att.completed = True
-            return await self._reset(session)
-
-        accepted: list[int] = []
-        for idx, rcpt in list(att.pending.items()):
+        rcpts: list[tuple[int, bytes]] = []
+        for idx, rcpt in att.pending.items():
             rcpt_options: list[bytes] = []
             if dsn_ext and rcpt.notify:
                 rcpt_options.append(("NOTIFY=" + ",".join(sorted(rcpt.notify))).encode())
             if dsn_ext and rcpt.orcpt:
                 addr_type, _, addr = rcpt.orcpt.partition(";")
                 rcpt_options.append(f"ORCPT={addr_type};{dsn_param(addr)}".encode())
-            response = await run_command(
-                session,
-                "sending RCPT TO",
-                s.rcpt_timeout,
-                b"RCPT",
-                b"TO:<" + wire[idx] + b">",
-                *rcpt_options,
-            )
-            if response.code == 421:
-                raise Lost(said(response, "RCPT TO"))
-            if response.code // 100 == 2:
-                accepted.append(idx)
-            else:
-                att.fail(idx, said(response, "RCPT TO"))
-        if not accepted:
-            att.completed = True
-            return await self._reset(session)
+            rcpts.append((idx, command_line(b"RCPT", b"TO:<" + wire[idx] + b">", *rcpt_options)))
+        envelope = Envelope(
+            command_line(b"MAIL", b"FROM:<" + sender + b">", *options),
+            rcpts,
+            pipelining=session.supports("pipelining"),
+        )
+        await self._exchange(session, envelope, said)
 
-        response = await run_command(session, "sending DATA", s.data_init_timeout, b"DATA")
-        if response.code == 421:
-            raise Lost(said(response, "DATA"))
-        if response.code != 354:
+        if envelope.mail_reply is None:  # _exchange returns only when every reply is in
+            raise InvariantError("envelope finished without a MAIL FROM reply")
+        if not envelope.mail_ok:
+            att.fail_pending(said(envelope.mail_reply, "MAIL FROM"))
+        else:
+            for idx, _line in rcpts:
+                response = envelope.rcpt_replies[idx]
+                if response.code // 100 != 2:
+                    att.fail(idx, said(response, "RCPT TO"))
+        accepted = envelope.accepted
+        data = envelope.data_reply
+        if not accepted or data is None:
+            att.completed = True
+            if envelope.data_unwanted and not await self._end_unwanted(session):
+                return False
+            return await self._reset(session)
+        if data.code != 354:
             for idx in accepted:
-                att.fail(idx, said(response, "DATA"))
+                att.fail(idx, said(data, "DATA"))
             att.completed = True
             return await self._reset(session)
 
-        response = await self._send_content(session, req)
+        with_quit = last and envelope.pipelining
+        response = await self._send_content(session, req, with_quit=with_quit)
         if response.code == 421:
             raise Lost(said(response, "end of DATA"))
         att.completed = True
@@ -216,6 +217,47 @@ class Transaction:
             return True
         for idx in accepted:
             att.fail(idx, said(response, "end of DATA"))
+        return True
+
+    async def _exchange(
+        self, session: Session, envelope: Envelope, said: Callable[[Reply, str], Failure]
+    ) -> None:
+        """Write the envelope's commands and read their replies; 421 raises ``Lost``."""
+        s = self.settings
+        conn = session.conn
+        relay = session.endpoint.relay
+        timeouts = {
+            Step.MAIL: s.mail_timeout,
+            Step.RCPT: s.rcpt_timeout,
+            Step.DATA: s.data_init_timeout,
+        }
+        while True:
+            out = envelope.to_send()
+            step = envelope.expected()
+            if step is None:
+                return
+            stage = f"sending {step[0].value}"
+            try:
+                if out is not None:
+                    conn.write(out)
+                reply = await conn.read_reply(timeouts[step[0]])
+            except (TimeoutError, ReplyError, OSError) as exc:
+                raise broken(relay, stage, exc) from None
+            if reply.code == 421:
+                raise Lost(said(reply, step[0].value))
+            envelope.receive(reply)
+
+    async def _end_unwanted(self, session: Session) -> bool:
+        """A pipelined DATA got 354 with no recipient: end it with a lone ".".
+
+        Postfix's smtp_proto.c does the same (RFC 2920 §3.1); a server with no
+        recipients rejects the empty message. The caller then RSETs (Postfix
+        goes straight on to QUIT or the cache). False when the session broke.
+        """
+        try:
+            await run_command(session, "sending end of data", self.settings.data_done_timeout, b".")
+        except Lost:
+            return False
         return True
 
     async def _reset(self, session: Session) -> bool:
@@ -228,17 +270,13 @@ class Transaction:
             return False
         return response.code == 250
 
-    async def _send_content(self, session: Session, req: DeliveryRequest) -> SMTPResponse:
-        """Stream the content after 354 and read the final reply."""
+    async def _send_content(
+        self, session: Session, req: DeliveryRequest, *, with_quit: bool = False
+    ) -> Reply:
+        """Stream the content after 354, then read the final reply (``with_quit``: QUIT follows)."""
         s = self.settings
         relay = session.endpoint.relay
-        protocol = session.smtp.protocol
-        if protocol is None:
-            raise Lost(
-                Failure(
-                    "4.4.2", f"lost connection with {relay} while sending message body", relay, True
-                )
-            )
+        conn = session.conn
         encoder = DataEncoder()
         # smtp_generic_maps / smtp_header_checks: one bounded pass over the header section
         headers = s.outbound.filter(req.queue_id) if s.outbound.active else None
@@ -258,19 +296,14 @@ class Transaction:
                 data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
                 if data:
                     if held:
-                        protocol.write(held)
+                        conn.write(held)
                         # Flow control: wait while the transport buffer is over its high mark.
-                        await asyncio.wait_for(protocol._drain_helper(), s.data_xfer_timeout)
+                        await conn.drain(s.data_xfer_timeout)
                     held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
-            protocol.write(held + tail + encoder.finish())
+            conn.write(held + tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b""))
+            session.quit_sent = with_quit
             stage = "sending end of data -- message may be sent more than once"
-            return await protocol.read_response(timeout=s.data_done_timeout)
-        except (TimeoutError, aiosmtplib.SMTPTimeoutError):
-            raise Lost(
-                Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
-            ) from None
-        except (aiosmtplib.SMTPException, OSError) as exc:
-            raise Lost(
-                Failure("4.4.2", f"lost connection with {relay} while {stage}: {exc}", relay, True)
-            ) from None
+            return await conn.read_reply(s.data_done_timeout)
+        except (TimeoutError, ReplyError, OSError) as exc:
+            raise broken(relay, stage, exc) from None

@@ -43,6 +43,7 @@ from qmgrd.config.maps import open_maps, setting_where
 from qmgrd.config.params import PARAMS
 from qmgrd.daemon.assemble import create_agents
 from qmgrd.daemon.destgate import GateSettings
+from qmgrd.daemon.dpool import delivery_worker_count
 from qmgrd.daemon.settings import (
     delivery_services,
     engine_settings,
@@ -115,6 +116,9 @@ def _check_listener(cfg: Config, found: Findings) -> None:
             if workers > 1
             else "processes: one; the SMTP listener runs in the queue manager's process"
         )
+    delivery = found.attempt("", lambda: delivery_worker_count(cfg))
+    if isinstance(delivery, int) and delivery > 0:
+        found.facts.append(f"processes: {delivery} SMTP delivery processes (qmgrd-delivery)")
 
 
 def _check_transports(cfg: Config, found: Findings) -> None:

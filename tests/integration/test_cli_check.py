@@ -233,6 +233,15 @@ def test_check_names_the_listener_processes(tmp_path: Path, value: str, fact: st
     assert fact in proc.stdout
 
 
+def test_check_names_the_delivery_processes(tmp_path: Path) -> None:
+    """delivery_worker_processes: how many delivery processes would run (none by default)."""
+    proc = _check(_config(tmp_path, "delivery_worker_processes = 2\n"))
+    assert proc.returncode == 0, proc.stderr
+    assert "processes: 2 SMTP delivery processes (qmgrd-delivery)" in proc.stdout
+    (tmp_path / "default").mkdir()
+    assert "qmgrd-delivery" not in _check(_config(tmp_path / "default")).stdout
+
+
 def test_check_refuses_a_bad_worker_count(tmp_path: Path) -> None:
     """smtpd_worker_processes must be auto or a number: one error naming it."""
     proc = _check(_config(tmp_path, "smtpd_worker_processes = many\n"))

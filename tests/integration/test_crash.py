@@ -1,8 +1,8 @@
 """Crash safety under load: SIGKILL the daemon again and again while it accepts and delivers.
 
 The daemon runs as a subprocess (``qmgrd -c DIR run``, with two listener worker
-processes: a SIGKILL of the queue manager takes them with it) and relays to three
-sinks in a process of their own (``sinkproc.py``), which log every delivered
+processes and a delivery worker: a SIGKILL of the queue manager takes them with it)
+and relays to three sinks in a process of their own (``sinkproc.py``), which log every delivered
 (Message-ID, recipient) and answer ``450`` once to ``later*`` recipients, so
 messages also go through ``deferred/``. Eight SMTP clients inject 2,000
 messages of 1-5 recipients; each attempt carries a fresh Message-ID and an
@@ -108,7 +108,8 @@ class Harness:
             "maximal_backoff_time = 2s\n"
             "queue_run_delay = 1s\n"
             "shutdown_timeout = 5s\n"
-            "smtpd_worker_processes = 2\n",  # SIGKILL of the queue manager kills its workers
+            "smtpd_worker_processes = 2\n"  # SIGKILL of the queue manager kills its workers
+            "delivery_worker_processes = 1\n",  # and its delivery worker
             listen=f"127.0.0.1:{self.port}",
         )
         self.runs: list[Run] = []

@@ -12,8 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import dns.message
@@ -22,132 +21,17 @@ import dns.rdatatype
 import dns.rrset
 import pytest
 
-from qmgrd.delivery.agent import DeliveryResult, Outcome
-from qmgrd.delivery.settings import SmtpSettings
-from qmgrd.delivery.smtp import SmtpAgent
+from qmgrd.delivery.agent import Outcome
 from tests.integration.dnsserver import DnsResponder, dns_responder
-from tests.integration.sinks import make_request
-from tests.support.waits import wait_until
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-T = 0.5  # every SMTP timeout in these tests: a stalled server costs half a second
-FAST = SmtpSettings(
-    helo_name="client.test",
-    connect_timeout=T,
-    helo_timeout=T,
-    starttls_timeout=T,
-    mail_timeout=T,
-    rcpt_timeout=T,
-    data_init_timeout=T,
-    data_xfer_timeout=T,
-    data_done_timeout=T,
-    rset_timeout=T,
-    quit_timeout=T,
-    dns_timeout=1.0,
-    connection_cache_on_demand=False,
+from tests.support.scripted import (
+    FAST,
+    Handler,
+    deliver_once,
+    play_until,
+    read_line,
+    scripted,
+    wait_forever,
 )
-
-
-@dataclass
-class Scripted:
-    """A running scripted server: its port and how many connections it accepted."""
-
-    port: int
-    connections: int = 0
-
-    @property
-    def nexthop(self) -> str:
-        return f"[127.0.0.1]:{self.port}"
-
-
-@contextlib.asynccontextmanager
-async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
-    """Serve ``handler`` per connection; every handler task is cancelled and awaited at exit."""
-    tasks: set[asyncio.Task[None]] = set()
-    state = Scripted(0)
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        state.connections += 1
-        task = asyncio.current_task()
-        assert task is not None
-        tasks.add(task)
-        try:
-            await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
-            # Cancelled at exit: end normally, so asyncio's stream callback has nothing to report.
-            pass
-        finally:
-            writer.close()
-            tasks.discard(task)
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    state.port = server.sockets[0].getsockname()[1]
-    try:
-        yield state
-    finally:
-        server.close()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await server.wait_closed()
-
-
-async def _line(reader: asyncio.StreamReader) -> bytes:
-    line = await reader.readline()
-    if not line:
-        raise ConnectionResetError("client went away")
-    return line.rstrip(b"\r\n").upper()
-
-
-async def _until(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stop: bytes) -> None:
-    """Play a well-behaved server until the client sends ``stop`` (a command verb)."""
-    while True:
-        cmd = await _line(reader)
-        if cmd.startswith(stop):
-            return
-        if cmd.startswith(b"EHLO"):
-            writer.write(b"250-mx.test\r\n250 PIPELINING\r\n")
-        elif cmd.startswith(b"QUIT"):
-            writer.write(b"221 bye\r\n")
-            return
-        else:
-            writer.write(b"250 2.0.0 ok\r\n")
-        await writer.drain()
-
-
-async def _wait_forever() -> None:
-    await asyncio.Event().wait()
-
-
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
-async def _deliver(
-    nexthop: str, settings: SmtpSettings = FAST, rcpts: tuple[str, ...] = ("r@dst.test",)
-) -> DeliveryResult:
-    """One delivery with a fresh agent, closed afterwards; bounded by a generous timeout."""
-    agent = SmtpAgent(settings)
-    try:
-        return await asyncio.wait_for(agent.deliver(make_request(nexthop, list(rcpts))), 30)
-    finally:
-        await agent.close()
-
-
-@pytest.fixture
-async def no_leaks() -> AsyncIterator[None]:
-    """Fail the test if it leaves asyncio tasks or file descriptors behind."""
-    await asyncio.sleep(0)  # one loop turn: tasks the fixture setup scheduled start
-    tasks, fds = len(asyncio.all_tasks()), _fds()
-    yield
-    # Transports finish closing on later loop turns, with no event to wait on: a bounded poll.
-    with contextlib.suppress(AssertionError):
-        await wait_until(
-            lambda: len(asyncio.all_tasks()) == tasks and _fds() == fds, "tasks and fds", 2.0
-        )
-    assert len(asyncio.all_tasks()) == tasks, asyncio.all_tasks()
-    assert _fds() == fds
-
 
 # --------------------------------------------------------------------------- scripts
 
@@ -155,12 +39,12 @@ async def no_leaks() -> AsyncIterator[None]:
 async def garbage_greeting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"HELLO I AM NOT SMTP\r\n\x00\xff\xfe garbage\r\n")
     await writer.drain()
-    await _wait_forever()
+    await wait_forever()
 
 
 async def endless_multiline(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 mx.test ESMTP\r\n")
-    await _line(reader)  # EHLO
+    await read_line(reader)  # EHLO
     while True:  # continuation lines, never a last line
         writer.write(b"250-" + b"x" * 1000 + b"\r\n")
         await writer.drain()
@@ -168,50 +52,50 @@ async def endless_multiline(reader: asyncio.StreamReader, writer: asyncio.Stream
 
 async def huge_reply(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 mx.test ESMTP\r\n")
-    await _until(reader, writer, b"RCPT")
+    await play_until(reader, writer, b"RCPT")
     writer.write(b"550 5.1.1 " + b"u" * 100_000 + b"\r\n")
     await writer.drain()
-    await _until(reader, writer, b"NEVER")
+    await play_until(reader, writer, b"NEVER")
 
 
 async def long_reply_600(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 " + b"g" * 600 + b"\r\n")  # over RFC 5321's 512 octets, still sane
-    await _until(reader, writer, b"DATA")
+    await play_until(reader, writer, b"DATA")
     writer.write(b"354 go\r\n")
     await writer.drain()
     while (await reader.readline()).rstrip(b"\r\n") != b".":
         pass
     writer.write(b"250 2.0.0 queued " + b"q" * 600 + b"\r\n")
     await writer.drain()
-    await _until(reader, writer, b"NEVER")
+    await play_until(reader, writer, b"NEVER")
 
 
 async def silent_after_data(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 mx.test ESMTP\r\n")
-    await _until(reader, writer, b"DATA")
+    await play_until(reader, writer, b"DATA")
     writer.write(b"354 go\r\n")
     await writer.drain()
     while await reader.read(65536):  # swallow the body and the final dot, never answer
         pass
-    await _wait_forever()
+    await wait_forever()
 
 
 async def close_after_354(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 mx.test ESMTP\r\n")
-    await _until(reader, writer, b"DATA")
+    await play_until(reader, writer, b"DATA")
     writer.write(b"354 go\r\n")
     await writer.drain()
     writer.close()
 
 
 async def silent_greeting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    await _wait_forever()
+    await wait_forever()
 
 
 async def bad_starttls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write(b"220 mx.test ESMTP\r\n")
     while True:
-        cmd = await _line(reader)
+        cmd = await read_line(reader)
         if cmd.startswith(b"EHLO"):
             writer.write(b"250-mx.test\r\n250 STARTTLS\r\n")
         elif cmd == b"STARTTLS":
@@ -261,7 +145,7 @@ async def test_broken_server_becomes_a_clear_deferral(name: str, no_leaks: None)
     """Each misbehaviour ends in the expected outcome, DSN class, reason text and hop status."""
     case = CASES[name]
     async with scripted(case.handler) as srv:
-        result = await _deliver(srv.nexthop)
+        result = await deliver_once(srv.nexthop)
     (r,) = result.recipients
     assert r.outcome is case.outcome, r
     assert r.dsn.startswith(case.dsn_class), r
@@ -276,7 +160,7 @@ async def test_broken_server_becomes_a_clear_deferral(name: str, no_leaks: None)
 async def test_reply_over_512_bytes_is_tolerated(no_leaks: None) -> None:
     """600-byte greeting and final reply (over RFC 5321's 512) still deliver, positively."""
     async with scripted(long_reply_600) as srv:
-        result = await _deliver(srv.nexthop)
+        result = await deliver_once(srv.nexthop)
     (r,) = result.recipients
     assert r.outcome is Outcome.SENT, r
     assert result.hop is None
@@ -286,7 +170,7 @@ async def test_tls_handshake_failure_defers_when_tls_is_required(no_leaks: None)
     """Garbage after STARTTLS with level encrypt: a 4.7.x deferral naming TLS, hop status set."""
     settings = dataclasses.replace(FAST, tls_security_level="encrypt")
     async with scripted(bad_starttls) as srv:
-        result = await _deliver(srv.nexthop, settings)
+        result = await deliver_once(srv.nexthop, settings)
     (r,) = result.recipients
     assert r.outcome is Outcome.DEFERRED
     assert r.dsn.startswith("4.7."), r
@@ -302,18 +186,18 @@ async def test_tls_handshake_failure_falls_back_to_plaintext_with_may(no_leaks: 
             await bad_starttls(reader, writer)
             return
         writer.write(b"220 mx.test ESMTP\r\n")
-        await _until(reader, writer, b"DATA")
+        await play_until(reader, writer, b"DATA")
         writer.write(b"354 go\r\n")
         await writer.drain()
         while (await reader.readline()).rstrip(b"\r\n") != b".":
             pass
         writer.write(b"250 2.0.0 plaintext ok\r\n")
         await writer.drain()
-        await _until(reader, writer, b"NEVER")
+        await play_until(reader, writer, b"NEVER")
 
     settings = dataclasses.replace(FAST, tls_security_level="may")
     async with scripted(handler) as srv:
-        result = await _deliver(srv.nexthop, settings)
+        result = await deliver_once(srv.nexthop, settings)
     (r,) = result.recipients
     assert r.outcome is Outcome.SENT, r
     assert srv.connections == 2
@@ -360,7 +244,7 @@ async def test_cname_loop_is_a_clear_dns_failure(no_leaks: None) -> None:
     records = {("loop.test", "CNAME"): ["loop2.test."], ("loop2.test", "CNAME"): ["loop.test."]}
     async with cname_responder(records) as dns_server:
         settings = dataclasses.replace(FAST, dns_nameservers=(dns_server.nameserver,))
-        result = await _deliver("loop.test", settings)
+        result = await deliver_once("loop.test", settings)
         assert len(dns_server.queries) < 20  # no endless chasing
     (r,) = result.recipients
     # Like Postfix (dns_lookup: "Name server loop" is DNS_NOTFOUND): a permanent 5.4.4 for the
@@ -384,7 +268,7 @@ async def test_thousands_of_mx_records_are_bounded(no_leaks: None) -> None:
         records[(f"mx{i}.many.test", "A")] = ["127.0.0.1"]
     async with dns_responder(records) as dns_server:
         settings = dataclasses.replace(FAST, dns_nameservers=(dns_server.nameserver,))
-        result = await _deliver(f"many.test:{port}", settings)
+        result = await deliver_once(f"many.test:{port}", settings)
         looked_up = len(dns_server.queries)
     (r,) = result.recipients
     assert r.outcome is Outcome.DEFERRED, r

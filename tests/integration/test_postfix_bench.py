@@ -26,7 +26,8 @@ def _have(name: str) -> bool:
 )
 def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
     """20 ten-recipient messages over ten sinks through qmgrd, in process and with two
-    listener workers (``--smtpd-workers 0,2``): one run line each, no problems."""
+    listener workers (``--smtpd-workers 0,2``), each without and with a delivery worker
+    (``--delivery-workers 0,1``): one run line each, no problems."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -45,6 +46,8 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
             "60",
             "--smtpd-workers",
             "0,2",
+            "--delivery-workers",
+            "0,1",
         ],
         cwd=REPO,
         capture_output=True,
@@ -53,12 +56,14 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
-    assert len(runs) == 2, proc.stdout
-    for run, name in zip(runs, ("qmgrd-w0", "qmgrd-w2"), strict=True):
+    assert len(runs) == 4, proc.stdout
+    names = ("qmgrd-w0-d0", "qmgrd-w0-d1", "qmgrd-w2-d0", "qmgrd-w2-d1")
+    for run, name in zip(runs, names, strict=True):
         assert re.search(rf"{name}\s+\d+ msg/s\s+\d+ rcpt/s", run), run
         assert re.search(r"cpu ms/msg: relay=[\d.]+ ", run), run
         assert "problems=0" in run
-    assert "qmgrd-smtpd=" in runs[1]  # the workers' CPU, apart
+    assert "qmgrd-smtpd=" in runs[2] and "qmgrd-delivery" not in runs[2]  # workers' CPU apart
+    assert "qmgrd-delivery=" in runs[1] and "qmgrd-smtpd" not in runs[1]
     assert any(
         line.startswith("1 KB, 10 recipients, 10 destinations |")
         for line in proc.stdout.splitlines()

@@ -68,6 +68,27 @@ class Relay:
     def log(self) -> str:
         return self.maillog.read_text() if self.maillog.exists() else ""
 
+    async def kill_worker(self, victim: int, program: str) -> None:
+        """SIGKILL the worker ``victim``; return once its death (``qmgrd/PROGRAM``) is logged
+        and a new worker took its place."""
+        workers = len(self.proc.children())
+        os.kill(victim, signal.SIGKILL)
+        death = f"process qmgrd/{program} pid {victim} killed by signal 9; restarting it"
+        await wait_until(lambda: death in self.log(), "the death in the log", TIMEOUT)
+        await wait_until(
+            lambda: len(self.proc.children()) == workers and victim not in self.proc.children(),
+            "a new worker",
+            TIMEOUT,
+        )
+
+    async def reload(self, line: str) -> None:
+        """Append ``line`` to main.cf, rotate maillog_file, SIGHUP, wait for READY=1."""
+        main_cf = self.conf / "main.cf"
+        main_cf.write_text(main_cf.read_text() + line + "\n")
+        self.maillog.rename(self.maillog.with_name("maillog.1"))
+        self.proc.send_signal(signal.SIGHUP)
+        await asyncio.to_thread(self.proc.wait_notify, "READY=1", TIMEOUT)
+
     async def send(self, tag: str) -> None:
         """One message in a session of its own (raises unless it was queued)."""
         await aiosmtplib.send(
@@ -195,15 +216,7 @@ async def test_sigkilled_worker_under_load_loses_nothing_and_is_restarted(
 
         clients = [asyncio.ensure_future(client(c)) for c in range(4)]
         await wait_until(lambda: len(acked) >= 20, "20 messages queued", TIMEOUT)
-        victim = first[0]
-        os.kill(victim, signal.SIGKILL)
-        death = f"process qmgrd/smtpd pid {victim} killed by signal 9; restarting it"
-        await wait_until(lambda: death in relay.log(), "the death in the log", TIMEOUT)
-        await wait_until(
-            lambda: len(relay.proc.children()) == 2 and victim not in relay.proc.children(),
-            "a new worker",
-            TIMEOUT,
-        )
+        await relay.kill_worker(first[0], "smtpd")
         count = len(acked)
         await wait_until(lambda: len(acked) >= count + 20, "20 more messages", TIMEOUT)
         stop.set()
@@ -256,15 +269,12 @@ async def test_sighup_reaches_every_worker_and_a_refused_reload_stays_refused(
     parameter value) changes no worker."""
     async with _relay(tmp_path, 2) as (relay, _sink):
         workers = relay.proc.children()
-        main_cf = relay.conf / "main.cf"
-        main_cf.write_text(main_cf.read_text() + "smtpd_banner = $myhostname ESMTP second\n")
-        relay.maillog.rename(relay.maillog.with_name("maillog.1"))
-        relay.proc.send_signal(signal.SIGHUP)
-        await asyncio.to_thread(relay.proc.wait_notify, "READY=1", TIMEOUT)
+        await relay.reload("smtpd_banner = $myhostname ESMTP second")
         for pid in workers:  # READY=1 came after every worker applied the reload
             with _stopped([w for w in workers if w != pid]):
                 assert (await relay.banner()).endswith("ESMTP second")
             assert f"qmgrd/smtpd[{pid}]: connect from" in relay.log()  # the new file
+        main_cf = relay.conf / "main.cf"
         main_cf.write_text(
             main_cf.read_text()
             + "smtpd_banner = $myhostname ESMTP third\nsmtpd_session_limit = many\n"

@@ -5,15 +5,14 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import pytest
-from aiosmtplib import SMTPResponse
 from aiosmtplib.protocol import normalize_message_line_endings
 from hypothesis import given
 from hypothesis import strategies as st
 
 from qmgrd.delivery.agent import DeliveryRequest, Recipient
+from qmgrd.delivery.client import Reply
 from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
 from qmgrd.delivery.mx import Endpoint
 from qmgrd.delivery.session import Session
@@ -78,7 +77,7 @@ async def test_bytes_content_chunks() -> None:
     assert [c async for c in content.chunks(3)] == [b"abc", b"def", b"g"]
 
 
-class _Protocol:
+class _Connection:
     """Records what the transaction writes; answers the final reply with 250."""
 
     def __init__(self) -> None:
@@ -87,16 +86,15 @@ class _Protocol:
     def write(self, data: bytes) -> None:
         self.writes.append(data)
 
-    async def _drain_helper(self) -> None:
+    async def drain(self, timeout: float) -> None:
         return None
 
-    async def read_response(self, timeout: float | None = None) -> SMTPResponse:
-        return SMTPResponse(250, "2.0.0 Ok")
+    async def read_reply(self, timeout: float) -> Reply:
+        return Reply(250, "2.0.0 Ok")
 
 
-def _session(protocol: _Protocol) -> Session:
-    smtp = SimpleNamespace(protocol=protocol)
-    return Session(smtp, Endpoint("mx", "127.0.0.1", 25), "mx", False, 0.0)  # type: ignore[arg-type]
+def _session(protocol: _Connection) -> Session:
+    return Session(protocol, Endpoint("mx", "127.0.0.1", 25), "mx", False, 0.0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("chunks", [1, 3])
@@ -104,7 +102,7 @@ async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
     """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
     content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
     size = len(content) // chunks + 1
-    protocol = _Protocol()
+    protocol = _Connection()
     request = DeliveryRequest(
         queue_id="Q1",
         transport="smtp",

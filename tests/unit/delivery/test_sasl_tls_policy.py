@@ -191,14 +191,14 @@ def test_cert_match_parameters_choose_the_names() -> None:
 
 async def test_undecodable_password_is_sent_as_its_bytes_and_never_shown() -> None:
     """A password with bytes that are not UTF-8 is sent as those bytes; no exception shows it."""
-    from aiosmtplib import SMTPResponse
+    from qmgrd.delivery.client import Reply
 
     secret = b"pa\xffss".decode("utf-8", "surrogateescape")
     sent: list[bytes] = []
 
-    async def command(stage: str, *args: bytes) -> SMTPResponse:
+    async def command(stage: str, *args: bytes) -> Reply:
         sent.extend(args)
-        return SMTPResponse(235, "2.7.0 ok")
+        return Reply(235, "2.7.0 ok")
 
     client = _client("x=u:p", security_options=("noanonymous",))
     failure = await client.authenticate(command, Credentials("u", secret), ["PLAIN"], True, "r")

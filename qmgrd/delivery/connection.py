@@ -1,0 +1,194 @@
+"""One SMTP client connection: a thin asyncio Protocol around ``client.ReplyParser``.
+
+The client twin of ``qmgrd.listener.channel``. Bytes that arrive are parsed
+at once into replies that wait in a queue (a pipelined group's replies come
+in one read); the session takes them in order with ``read_reply(timeout)``:
+
+- ``read_reply`` returns the oldest queued reply; only when none is queued it
+  waits, with a timer armed for ``timeout`` seconds (TimeoutError when it
+  fires). Replies that arrived before the connection broke are still handed
+  out; then the error (a ``ReplyError`` for a broken reply, else
+  ConnectionError) is raised on every later read.
+- Reading is paused while more than ``QUEUE_LIMIT`` replies wait unread, so a
+  server that floods replies is held back by TCP, not by our memory; a broken
+  reply aborts the connection at once.
+- ``write`` / ``drain(timeout)`` follow the transport's write flow control;
+  ``write`` after the connection is gone raises ConnectionError.
+- ``start_tls(ctx, server_hostname, timeout)`` returns a NEW connection on
+  the TLS transport (``loop.start_tls``); whatever the server sent in clear
+  text after its 220 is dropped with the old one (CVE-2011-0411 from the
+  client side: no reply can be injected before the handshake).
+
+Nothing here reads a clock except through ``loop.call_later`` for timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from typing import Any, cast
+
+from qmgrd.delivery.client import Reply, ReplyError, ReplyParser
+
+QUEUE_LIMIT = 1024  # unread replies before reading pauses (a group has one per command)
+
+
+class Connection(asyncio.Protocol):
+    """Reply queue and flow-controlled writes over one transport (module doc)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = ReplyParser()
+        self.replies: collections.deque[Reply] = collections.deque()
+        self.error: BaseException | None = None
+        self.closed = False
+        self._paused = False
+        self._write_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        parser = self.parser
+        parser.feed(data)
+        try:
+            while (reply := parser.next_reply()) is not None:
+                self.replies.append(reply)
+        except ReplyError as exc:
+            self.error = exc
+            if self.transport is not None:
+                self.transport.abort()
+        if len(self.replies) > QUEUE_LIMIT and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        if self.replies or self.error is not None:  # a partial reply wakes nobody
+            self._wake()
+
+    def eof_received(self) -> bool:
+        if self.error is None:
+            self.error = ConnectionResetError("Connection closed by the server")
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.error is None:
+            self.error = exc or ConnectionResetError("Connection lost")
+        self._wake()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("Connection lost"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- the session's side ------------------------------------------------------------
+
+    @property
+    def is_connected(self) -> bool:
+        """Whether the transport is still open."""
+        return not self.closed and self.transport is not None and self.error is None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """The transport's extra info (``ssl_object``, ``peername``, ...)."""
+        if self.transport is None:
+            return default
+        return self.transport.get_extra_info(name, default)
+
+    async def read_reply(self, timeout: float) -> Reply:
+        """The next reply (module doc); TimeoutError, ReplyError or ConnectionError."""
+        replies = self.replies
+        if not replies:
+            if self.error is not None:
+                raise self.error
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = loop.call_later(timeout, self._expire, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                timer.cancel()
+            if not replies:
+                raise self.error or ConnectionResetError("Connection lost")
+        reply = replies.popleft()
+        if self._paused and len(replies) <= QUEUE_LIMIT // 2 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return reply
+
+    async def command(self, line: bytes, timeout: float) -> Reply:
+        """Write one command line (CRLF included) and read its reply."""
+        self.write(line)
+        return await self.read_reply(timeout)
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for the server; ConnectionError when the connection is gone."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise self.error or ConnectionResetError("Connection lost")
+        self.transport.write(data)
+
+    async def drain(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until the transport takes writes again."""
+        if self.closed:
+            raise self.error or ConnectionResetError("Connection lost")
+        if not self._write_paused:
+            return
+        waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
+        await asyncio.wait_for(waiter, timeout)
+
+    def close(self) -> None:
+        """Close at once: the session is over, queued bytes are of no use."""
+        if self.transport is not None:
+            self.transport.abort()
+        self.closed = True
+
+    async def start_tls(
+        self, context: ssl.SSLContext, server_hostname: str, timeout: float
+    ) -> Connection:
+        """Handshake as the client; the new connection (this one is dropped, module doc).
+
+        Raises ssl.SSLError, ConnectionError or TimeoutError when the handshake fails.
+        """
+        if self.transport is None or self.closed:
+            raise self.error or ConnectionResetError("Connection lost")
+        fresh = Connection()
+        self.replies.clear()
+        self.parser.clear()  # clear text after the 220: never read (module doc)
+        tls = await asyncio.get_running_loop().start_tls(
+            self.transport,
+            fresh,
+            context,
+            server_side=False,
+            server_hostname=server_hostname,
+            ssl_handshake_timeout=timeout,
+        )
+        if tls is None:  # the loop closed the connection meanwhile
+            raise ConnectionResetError("connection closed during the TLS handshake")
+        fresh.connection_made(tls)
+        self.transport = None  # owned by the TLS transport from now on
+        self.closed = True
+        return fresh
+
+    def _expire(self, waiter: asyncio.Future[None]) -> None:
+        if not waiter.done():
+            waiter.set_exception(TimeoutError())
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

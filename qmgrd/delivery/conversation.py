@@ -1,0 +1,85 @@
+"""An established SMTP client session and how one command runs on it.
+
+``Session`` is what ``session.Connector.open`` returns: the connection
+(``connection.Connection``), the endpoint, the nexthop label, whether TLS is
+on, the SASL user and the EHLO keywords. ``Session.key`` is the
+connection-cache key: the nexthop label, the endpoint, whether TLS is on and
+the SASL user, so an authenticated session is only reused for mail that would
+authenticate as the same user.
+
+``run_command(session, stage, timeout, *words)`` sends one command and returns
+its reply; a timeout, a broken reply or a lost connection raises ``Lost``
+(4.4.2, site-level) with Postfix's wording, built by ``broken``:
+"conversation with X timed out while STAGE" or "lost connection with X while
+STAGE: DETAIL".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qmgrd.delivery.client import Reply, ReplyError, command_line
+from qmgrd.delivery.connection import Connection
+from qmgrd.delivery.mx import Endpoint
+from qmgrd.delivery.replies import Failure, Lost
+
+CacheKey = tuple[str, str, str, int, bool, str]
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """An established SMTP session after the handshake (TLS and AUTH included)."""
+
+    conn: Connection
+    endpoint: Endpoint
+    label: str
+    tls: bool
+    created: float
+    user: str = ""  # SASL user the session authenticated as ("" = none)
+    reuse_count: int = 0
+    extensions: dict[str, str] = field(default_factory=dict)  # EHLO keywords (lower case)
+    quit_sent: bool = False  # QUIT went out behind the end of data; its reply is unread
+
+    @property
+    def key(self) -> CacheKey:
+        """The connection-cache key (module doc)."""
+        ep = self.endpoint
+        return (self.label, ep.host, ep.addr, ep.port, self.tls, self.user)
+
+    def supports(self, extension: str) -> bool:
+        """Whether the server's EHLO reply advertised ``extension``."""
+        return extension.lower() in self.extensions
+
+    def close(self) -> None:
+        """Drop the connection at once (after an error, or when QUIT is done)."""
+        self.conn.close()
+
+
+@dataclass(slots=True, eq=False)
+class SmtpStats:
+    """Counters for tests and benchmarks."""
+
+    connections: int = 0  # TCP connections opened
+    tls_handshakes: int = 0  # TLS handshakes completed
+    reused: int = 0  # sessions taken from the cache and probed successfully
+    deliveries: int = 0
+
+
+def broken(relay: str, stage: str, exc: BaseException) -> Lost:
+    """The ``Lost`` for a timeout or a broken connection or reply while ``stage``."""
+    if isinstance(exc, TimeoutError):
+        return Lost(
+            Failure("4.4.2", f"conversation with {relay} timed out while {stage}", relay, True)
+        )
+    detail = str(exc) or type(exc).__name__
+    return Lost(
+        Failure("4.4.2", f"lost connection with {relay} while {stage}: {detail}", relay, True)
+    )
+
+
+async def run_command(session: Session, stage: str, timeout: float, *args: bytes) -> Reply:
+    """Run one command; a lost connection or timeout raises ``Lost`` (4.4.2, site)."""
+    try:
+        return await session.conn.command(command_line(*args), timeout)
+    except (TimeoutError, ReplyError, OSError) as exc:
+        raise broken(session.endpoint.relay, stage, exc) from None
