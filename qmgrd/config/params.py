@@ -307,8 +307,9 @@ _TABLE: tuple[Param, ...] = (
         "default_destination_rate_limit",
         _S,
         "",
-        "at most N deliveries per period to one destination (N/period, e.g. 600/1m; empty = "
-        "none), cluster-wide with a Redis destination state (GCRA, one every period/N)",
+        "at most N deliveries per period to one destination (N/period[,max_burst=B], e.g. "
+        "600/1m or 600/1m,max_burst=30; empty = none), cluster-wide with a Redis destination "
+        "state (GCRA: one every period/N, up to B back to back; B defaults to 1)",
         per_transport=True,
         qmgrd_only=True,
     ),

@@ -9,16 +9,26 @@ is a ``ConfigError`` naming the parameter. ``create_gate(settings, ctx)`` builds
 (``local`` or Redis, :mod:`qmgrd.destdb`) and the gate.
 
 ``DestGate.active`` is False for ``local`` with no rate limit: dispatch then skips the gate
-(no cost). Otherwise dispatch calls, for each selected entry:
+(no cost). With Redis the limits asked for carry the transport's concurrency limit and its
+window settings (``initial_destination_concurrency`` and the positive and negative
+feedback): the cluster shares one window per destination, so before anything is learned
+the nodes together open as many sessions as one Postfix node would, not one window each.
+With ``local`` only the rate limit is asked for (the core's window is Postfix's). Dispatch
+calls, for each selected entry:
 
-- ``before(entry) -> Lease | None`` — the backend's admission. ``None``: the entry did not
-  start and the core was told: cluster full or rate-limited or another node probing
+- ``before(entry) -> Lease | None`` — the backend's admission (one at a time per
+  destination on this node; for ``FULL_RETRY`` after a FULL answer, and until this node
+  releases one of its own leases there, the destination is refused here without a round
+  trip, so a cluster at its cap is not polled once per waiting entry). ``None``: the entry
+  did not start and the core was told: cluster full or rate-limited or another node probing
   (``Scheduler.entry_postpone``: back to TODO, the destination waits until the retry time),
   or declared dead by another node (``Scheduler.destination_hold``: dead here too until the
   shared revival time; the entry and the destination's TODO entries are deferred).
 - ``after(entry, lease, result, crashed) -> bool`` — releases the lease (a probe's outcome
-  becomes the destination's shared health). A 421 "full" refusal while other sessions held
-  leases cluster-wide is learned: the limit (those sessions) is published for every node,
+  becomes the destination's shared health; otherwise the outcome is feedback on the shared
+  window: none for a crash, nor, with learning, for a throttling refusal). A 421 "full"
+  refusal while other sessions held leases cluster-wide is learned: the limit (those
+  sessions) is published for every node (the shared window settles at it),
   and the entry goes back (the core's own ``entry_throttled`` first, as on one node; when
   the node alone had nothing else running, ``entry_postpone``). True: the entry is handled,
   dispatch records nothing.
@@ -32,6 +42,7 @@ entry is either started, put back in core, or deferred by the core with a reason
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +51,7 @@ from typing import Any
 from qmgrd.config import Config
 from qmgrd.core.entry import Entry
 from qmgrd.core.events import DestinationDead
+from qmgrd.core.feedback import parse_feedback
 from qmgrd.daemon.context import EngineContext
 from qmgrd.delivery.agent import DeliveryResult
 from qmgrd.destdb import (
@@ -50,6 +62,7 @@ from qmgrd.destdb import (
     Limits,
     Rate,
     Verdict,
+    Window,
     parse_rate,
 )
 from qmgrd.destdb.local import LocalState
@@ -63,6 +76,7 @@ FULL_RETRY = 0.1
 another node's session ends)."""
 WAIT_RETRY = 0.5
 """At most this many seconds between two looks while another node probes a destination."""
+_FULL_KEPT = 10_000  # destinations remembered as FULL at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +92,7 @@ class GateSettings:
     rates: Mapping[str, Rate | None]
     caps: Mapping[str, int]
     learning: Mapping[str, bool]
+    windows: Mapping[str, Window]
 
     @classmethod
     def from_config(cls, cfg: Config, transports: tuple[str, ...]) -> GateSettings:
@@ -85,8 +100,8 @@ class GateSettings:
         backend = cfg.get_str("destination_state_backend").strip()
         if backend != "local" and not backend.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
-                f"destination_state_backend: expected local, redis://host:port/db or "
-                f"rediss://host:port/db, got {backend!r}"
+                f"destination_state_backend: expected local, redis://host:port/db, "
+                f"rediss://host:port/db or unix:///path?db=N, got {backend!r}"
             )
         rates: dict[str, Rate | None] = {}
         for name in transports:
@@ -108,7 +123,19 @@ class GateSettings:
                 n: cfg.transport(n).get_bool("destination_concurrency_learning")
                 for n in transports
             },
+            windows={n: _window(cfg, n) for n in transports},
         )
+
+
+def _window(cfg: Config, transport: str) -> Window:
+    """A transport's window settings (a bad feedback value is warned about by the core's
+    settings, and counts as constant 1 there and here)."""
+    view = cfg.transport(transport)
+    return Window(
+        init=view.get_int("initial_destination_concurrency"),
+        positive=parse_feedback(view.get_str("destination_concurrency_positive_feedback"))[0],
+        negative=parse_feedback(view.get_str("destination_concurrency_negative_feedback"))[0],
+    )
 
 
 def create_state(settings: GateSettings, log: Any) -> DestinationState:
@@ -140,6 +167,9 @@ class DestGate:
         self.postponed = 0
         self.held = 0
         self.learned = 0
+        self._full_until: dict[DestKey, float] = {}  # FULL lately: refused here until then
+        self._turns: dict[DestKey, asyncio.Lock] = {}  # one admission at a time per destination
+        self._waiting: dict[DestKey, int] = {}
 
     def update(self, settings: GateSettings) -> None:
         """Reloaded limits (the backend itself changes only with a restart)."""
@@ -150,18 +180,49 @@ class DestGate:
             self.state.dead_seconds = settings.dead_seconds
 
     def _limits(self, transport: str) -> Limits:
-        cap = self.settings.caps.get(transport, 0) if isinstance(self.state, RedisState) else 0
-        return Limits(cap, self.settings.rates.get(transport))
+        rate = self.settings.rates.get(transport)
+        if not isinstance(self.state, RedisState):
+            return Limits(0, rate)
+        settings = self.settings
+        return Limits(settings.caps.get(transport, 0), rate, settings.windows.get(transport))
 
     async def before(self, entry: Entry) -> Lease | None:
         """Ask the backend; on a refusal tell the core and return None (module doc)."""
         key = DestKey(entry.transport, entry.queue.name)
-        adm = await self.state.admit(key, self._limits(entry.transport))
+        turn = self._turns.get(key)
+        if turn is None:
+            turn = self._turns[key] = asyncio.Lock()
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with turn:
+                if self._full(key):
+                    adm = Admission(Verdict.FULL)
+                else:
+                    adm = await self.state.admit(key, self._limits(entry.transport))
+                    if adm.verdict is Verdict.FULL:
+                        if len(self._full_until) >= _FULL_KEPT:
+                            self._full_until.clear()  # bounded; at worst one more round trip
+                        self._full_until[key] = self.ctx.clock.now() + FULL_RETRY
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:
+                del self._waiting[key], self._turns[key]
         if adm.lease is not None:
             adm.lease.count = adm.count
             return adm.lease
         self._refused(entry, adm)
         return None
+
+    def _full(self, key: DestKey) -> bool:
+        """The backend answered FULL for ``key`` less than FULL_RETRY ago (and this node has
+        released nothing there since)."""
+        until = self._full_until.get(key)
+        if until is None:
+            return False
+        if until > self.ctx.clock.now():
+            return True
+        del self._full_until[key]
+        return False
 
     def _refused(self, entry: Entry, adm: Admission) -> None:
         ctx = self.ctx
@@ -185,22 +246,30 @@ class DestGate:
     ) -> bool:
         """Release the lease; True when a cluster-full refusal put the entry back."""
         hop = result.hop
-        await self.state.release(lease, ok=not crashed and hop is None)
+        learning = self.settings.learning.get(entry.transport, False)
+        await self.state.release(
+            lease,
+            ok=not crashed and hop is None,
+            feedback=not crashed and not (learning and result.throttle is not None),
+        )
+        self._full_until.pop(lease.key, None)  # a session of ours ended: a slot may be free
         if (
             crashed
             or hop is None
             or result.throttle != "full"
             or not lease.shared
             or lease.count <= 1
-            or not self.settings.learning.get(entry.transport, False)
+            or not learning
         ):
             return False
-        # The destination refused a session while lease.count - 1 others ran cluster-wide:
-        # that is its limit, for every node.
+        # The destination refused a session while others ran cluster-wide: their number is
+        # its limit, for every node (the backend counts the leases held now).
         ctx = self.ctx
-        observed = lease.count - 1
         self.learned += 1
-        ctx.spawn(self.state.publish_limit(lease.key, observed))
+        window = lease.limits.window if lease.limits is not None else None
+        observed = await self.state.publish_limit(
+            lease.key, lease.count - 1, init=window.init if window is not None else 0
+        ) or lease.count - 1
         now = ctx.clock.now()
         if not ctx.scheduler.entry_throttled(
             entry, kind="full", hop=(hop.dsn, hop.reason), now=now

@@ -5,7 +5,8 @@ Contract
 ``destination_state_metrics(state)`` turns the gate's ``status()`` mapping (as carried in the
 engine snapshot's ``destination_state``) into Prometheus families: a gauge
 ``qmgrd_destination_state_connected`` (Redis backends only) and counters for outages, round
-trips, postponed deliveries and destinations held dead on another node's verdict. An empty
+trips, postponed deliveries, destinations held dead on another node's verdict and limits
+learned from refusals and shared. An empty
 mapping (no gate) yields nothing.
 """
 
@@ -32,6 +33,7 @@ def destination_state_metrics(state: dict[str, Any]) -> Iterable[Metric]:
         ("round_trips", "Round trips to the shared destination state."),
         ("postponed", "Deliveries postponed by a cluster lease, rate or probe refusal."),
         ("held_dead", "Destinations held dead on another node's verdict."),
+        ("learned", "Concurrency limits learned from a refusal and shared with the cluster."),
     ):
         if isinstance(state.get(key), int | float):
             yield CounterMetricFamily(

@@ -15,9 +15,18 @@ A :class:`DestinationState` backend answers one question before each delivery st
 - ``Verdict.WAIT``: another node is probing a revived destination; ask again later;
 - ``Verdict.DEAD``: the destination was declared dead (``dsn``), for ``retry_after`` s more.
 
+``release(lease, ok=..., feedback=True)``: with ``limits.window`` (a shared backend), the
+outcome is Postfix's concurrency feedback on the destination's *cluster-wide window*: ``ok``
+positive, otherwise negative; ``feedback=False`` (a crash, or a refusal the gate learns from)
+leaves the window alone. The shared window starts at ``window.init`` (the node's
+``initial_destination_concurrency``, once for the whole cluster, not once per node) and
+bounds the leases with the cap, so before anything is learned the cluster opens as many
+sessions as one Postfix node would.
+
 ``publish_dead(key, seconds, dsn)`` tells every node that a destination is dead for
 ``seconds``; ``publish_limit(key, limit)`` shares a learned concurrency limit (the cap
-becomes ``min(limits.cap, limit)`` for ``LEARNED_TTL`` seconds). ``status()`` is the
+becomes ``min(limits.cap, limit)`` for ``LEARNED_TTL`` seconds, and the shared window
+settles at it) and returns the limit it published (0: nothing shared). ``status()`` is the
 backend's state for ``qmgrd status`` and metrics. No method raises for a backend failure:
 the Redis backend falls back to :class:`qmgrd.destdb.local.LocalState` (see there).
 
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qmgrd.config.values import parse_time
+from qmgrd.core.feedback import Feedback
 
 __all__ = [
     "LEARNED_TTL",
@@ -43,6 +53,7 @@ __all__ = [
     "Limits",
     "Rate",
     "Verdict",
+    "Window",
     "parse_rate",
 ]
 
@@ -70,14 +81,19 @@ class DestKey:
 
 @dataclass(frozen=True, slots=True)
 class Rate:
-    """``count`` deliveries per ``period`` seconds (GCRA, burst 1: one every period/count)."""
+    """``count`` deliveries per ``period`` seconds (GCRA: one every period/count, with up to
+    ``burst`` back to back; any span of T seconds holds at most ``burst - 1 + T * count /
+    period`` rounded up)."""
 
     count: int
     period: float
+    burst: int = 1
 
     def __post_init__(self) -> None:
         if self.count <= 0 or self.period <= 0:
             raise ValueError(f"rate {self.count}/{self.period}s: both must be > 0")
+        if self.burst < 1:
+            raise ValueError(f"rate {self.count}/{self.period}s: max_burst must be >= 1")
 
     @property
     def interval(self) -> float:
@@ -85,11 +101,12 @@ class Rate:
         return self.period / self.count
 
 
-_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*(\S+)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+)\s*/\s*([^\s,]+)\s*(?:,\s*max_burst\s*=\s*(\d+)\s*)?$")
 
 
 def parse_rate(text: str) -> Rate | None:
-    """``N/period`` (``600/1m``, ``10/s``, ``5/30s``) -> Rate; empty or ``0`` -> None.
+    """``N/period[,max_burst=B]`` (``600/1m``, ``10/s``, ``600/1m,max_burst=30``: KumoMTA's
+    throttle spelling) -> Rate; empty or ``0`` -> None.
 
     Raises ValueError naming the value for anything else.
     """
@@ -111,15 +128,30 @@ def parse_rate(text: str) -> Rate | None:
     count = int(match.group(1))
     if count == 0:
         return None
-    return Rate(count, float(period))
+    burst = int(match.group(3)) if match.group(3) is not None else 1
+    if burst < 1:
+        raise ValueError(f"bad rate {text!r}: max_burst must be >= 1")
+    return Rate(count, float(period), burst)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Postfix's concurrency window settings for a shared window (module doc): the initial
+    window and the positive and negative feedback (``qmgrd.core.feedback``)."""
+
+    init: int
+    positive: Feedback
+    negative: Feedback
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What a destination allows: ``cap`` concurrent sessions (0 = none) and ``rate``."""
+    """What a destination allows: ``cap`` concurrent sessions (0 = none), ``rate``, and the
+    settings of its shared window (None: no shared window)."""
 
     cap: int = 0
     rate: Rate | None = None
+    window: Window | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +163,8 @@ class Lease:
     shared: bool
     probe: bool = False
     count: int = 0  # sessions to the destination when it was granted, this one included
+    limits: Limits | None = None  # what it was granted under (the window's feedback)
+    granted: int = 0  # the shared backend's clock when it was granted (ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,16 +190,18 @@ class DestinationState(Protocol):
         """May a delivery to ``key`` start now?"""
         ...
 
-    async def release(self, lease: Lease, *, ok: bool) -> None:
-        """The delivery holding ``lease`` ended (``ok``: no destination failure)."""
+    async def release(self, lease: Lease, *, ok: bool, feedback: bool = True) -> None:
+        """The delivery holding ``lease`` ended (``ok``: no destination failure; ``feedback``:
+        the outcome counts for the shared window)."""
         ...
 
     async def publish_dead(self, key: DestKey, seconds: float, dsn: tuple[str, str]) -> None:
         """This node declared ``key`` dead for ``seconds``."""
         ...
 
-    async def publish_limit(self, key: DestKey, limit: int) -> None:
-        """This node learned that ``key`` admits ``limit`` sessions."""
+    async def publish_limit(self, key: DestKey, limit: int, *, init: int = 0) -> int:
+        """This node learned that ``key`` admits ``limit`` sessions (``init``: the initial
+        window of a shared window, 0 = none); the limit shared (0: none)."""
         ...
 
     def status(self) -> dict[str, Any]:

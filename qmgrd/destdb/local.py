@@ -6,14 +6,15 @@ Contract
 node. It never answers DEAD or WAIT: with ``local`` each node finds dead destinations with
 its own feedback, as Postfix does (the core's windows). It enforces:
 
-- ``limits.rate`` with GCRA (burst 1, :class:`qmgrd.core.gcra.Gcra`): a delivery may start
-  when the destination's theoretical arrival time (TAT) has come; each one pushes the TAT by
-  ``period / count``.
-  With ``share`` < 1 the rate is ``share`` of it (the Redis backend's fallback: this node's
-  share of a cluster-wide limit);
+- ``limits.rate`` with GCRA (:class:`qmgrd.core.gcra.Gcra`, the rate's ``max_burst``): a
+  delivery may start when the destination's theoretical arrival time (TAT), less the burst's
+  tolerance, has come; each one pushes the TAT by ``period / count``.
+  With ``share`` < 1 the rate and the burst (at least 1) are ``share`` of it (the Redis
+  backend's fallback: this node's share of a cluster-wide limit);
 - ``limits.cap`` times ``share`` (at least 1) concurrent leases per destination: with
   ``share`` 1 that is the transport's concurrency limit, which the core's window already
-  keeps, so only the fallback ever sees FULL.
+  keeps, so only the fallback ever sees FULL. ``limits.window`` is ignored: with ``local``
+  the core's own window is Postfix's per-node window.
 
 ``clock`` returns seconds (monotonic); tests pass a fake one. A destination's rate record is
 dropped when its last lease is released after its TAT, or by a sweep once 10,000 are kept.
@@ -72,11 +73,12 @@ class LocalState:
         if limits.rate is not None:
             now = self._clock()
             per_second = self.share / limits.rate.interval
+            burst = max(1.0, math.floor(limits.rate.burst * self.share))
             gcra = self._rates.get(key)
-            if gcra is None or gcra.rate != per_second:  # new, or the limit was reloaded
+            if gcra is None or gcra.rate != per_second or gcra.burst != burst:  # new, reloaded
                 if len(self._rates) >= _SWEEP_AT:
                     self._sweep(now)
-                gcra = self._rates[key] = Gcra(per_second)
+                gcra = self._rates[key] = Gcra(per_second, burst)
             if not gcra.conforms(now):
                 self.denied += 1
                 return Admission(Verdict.RATE, retry_after=gcra.allowed_at(now) - now, count=held)
@@ -91,7 +93,7 @@ class LocalState:
         for key in [k for k, g in self._rates.items() if g.conforms(now)]:
             del self._rates[key]
 
-    async def release(self, lease: Lease, *, ok: bool) -> None:
+    async def release(self, lease: Lease, *, ok: bool, feedback: bool = True) -> None:
         """Give the lease back."""
         self.release_now(lease)
 
@@ -109,8 +111,9 @@ class LocalState:
     async def publish_dead(self, key: DestKey, seconds: float, dsn: tuple[str, str]) -> None:
         """Nothing to share: the core keeps this node's dead destinations."""
 
-    async def publish_limit(self, key: DestKey, limit: int) -> None:
+    async def publish_limit(self, key: DestKey, limit: int, *, init: int = 0) -> int:
         """Nothing to share: the core keeps this node's learned window."""
+        return 0
 
     def held_by_key(self) -> dict[DestKey, int]:
         """Leases held now, per destination."""

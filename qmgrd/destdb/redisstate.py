@@ -11,24 +11,35 @@ connection leases are), and bounded by ``timeout``:
 - ``admit``: the destination's health (dead until a time; after that one node, the prober,
   goes first and the others WAIT), then the concurrency cap (a sorted set of leases scored
   by expiry: expired ones are dropped first, so a crashed node's leases count for at most
-  ``lease_ttl``), then the rate (GCRA: one TAT per destination), then the lease is added.
-  The cap is ``min(limits.cap, published learned limit)``.
+  ``lease_ttl``), then the rate (GCRA: one TAT per destination, ``max_burst`` back to
+  back), then the lease is added. The cap is ``min(limits.cap, published learned limit,
+  shared window)``; the shared window (with ``limits.window``) starts at the initial window.
 - ``release``: the lease is removed; a probe that succeeded clears the dead verdict (every
-  node sees the revival), a failed one declares the destination dead again for
-  ``dead_seconds`` (the node's ``minimal_backoff_time``).
+  node sees the revival, and the shared window starts again at the initial window), a
+  failed one declares the destination dead again for ``dead_seconds`` (the node's
+  ``minimal_backoff_time``). Otherwise the outcome is Postfix's feedback on the shared
+  window (positive: it grows by the positive feedback while below the cap and below the
+  sessions running plus the initial window, counting only sessions granted since its last
+  change among as many sessions as the window; negative: it shrinks, never below 1).
+- ``publish_limit``: the learned limit, for ``LEARNED_TTL``; the shared window settles at it.
+  An idle destination's window is forgotten after ``LEARNED_TTL``.
 - a background task renews every held lease each ``lease_ttl / 3`` (one round trip per
   destination, pipelined).
 
 Times are the Redis server's clock (``TIME`` in the scripts): nodes' clocks never meet.
 
 Redis failures never stop mail: any error or timeout switches the backend to ``fallback``
-(this node's ``share`` of each cap and rate, counting the leases it still holds in Redis),
-logs it once, and a task pings every ``RECONNECT_DELAY`` seconds until Redis answers again;
-then the node re-joins (logged), first putting a lease in Redis for every session it still
-runs (those started on the fallback, and those whose leases a restarted Redis lost), so the
-cap holds across the restart. Leases released during the outage expire within the TTL.
-Nothing here touches the spool: a Redis failure can delay a delivery, never lose or repeat
-one.
+(this node's ``share`` of each cap and rate, counting the leases it still holds in Redis;
+the cap is the one Redis last had in force for the destination, learned limit and shared
+window included), logs it once, and a task pings every ``RECONNECT_DELAY`` seconds until
+Redis answers again; then the node re-joins (logged), first putting a lease in Redis for
+every session it still runs (those started on the fallback, and those whose leases a
+restarted Redis lost), so the cap holds across the restart. Other nodes may still run
+sessions on local limits that Redis does not count until they re-join too (within
+``RECONNECT_DELAY + timeout``, or a renewal later, ``lease_ttl / 3``, for a node that
+noticed nothing): for that long a re-joined node also keeps to its share. Leases released
+during the outage expire within the TTL. Nothing here touches the spool: a Redis failure can
+delay a delivery, never lose or repeat one.
 """
 
 from __future__ import annotations
@@ -51,93 +62,22 @@ from redis.exceptions import RedisError
 
 from qmgrd.destdb import LEARNED_TTL, Admission, DestKey, Lease, Limits, Verdict
 from qmgrd.destdb.local import LocalState
+from qmgrd.destdb.scripts import ADMIT, ADOPT, DEAD, LIMIT, RELEASE, RENEW
 
 __all__ = ["RECONNECT_DELAY", "RedisState", "describe_url"]
 
 RECONNECT_DELAY = 1.0
 """Seconds between two reconnection attempts while Redis is unreachable."""
 
-_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# KEYS: leases (zset), health (hash), rate TAT, learned limit.
-# ARGV: lease id, cap, ttl ms, rate interval ms (0 = none), node id.
-_ADMIT = _NOW + """
-local ttl = tonumber(ARGV[3])
-local probe = 0
-local h = redis.call('HMGET', KEYS[2], 'u', 'st', 'rs', 'p', 'pu')
-if h[1] then
-  local u = tonumber(h[1])
-  if now < u then return {'dead', u - now, 0, h[2] or '', h[3] or ''} end
-  if h[4] and h[4] ~= ARGV[5] and tonumber(h[5] or '0') > now then
-    return {'wait', tonumber(h[5]) - now, 0, '', ''}
-  end
-  probe = 1
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local count = redis.call('ZCARD', KEYS[1])
-local cap = tonumber(ARGV[2])
-local learned = tonumber(redis.call('GET', KEYS[4]) or '0')
-if learned > 0 and (cap == 0 or learned < cap) then cap = learned end
-if cap > 0 and count >= cap then return {'full', 0, count, '', ''} end
-local interval = tonumber(ARGV[4])
-if interval > 0 then
-  local tat = tonumber(redis.call('GET', KEYS[3]) or '0')
-  if tat > now then return {'rate', math.ceil(tat - now), count, '', ''} end
-  redis.call('SET', KEYS[3], string.format('%.3f', now + interval), 'PX',
-             math.ceil(interval) + 1000)
-end
-redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * ttl)
-if probe == 1 then redis.call('HSET', KEYS[2], 'p', ARGV[5], 'pu', now + ttl) end
-return {'ok', probe, count + 1, '', ''}
-"""
-
-# KEYS: leases, health. ARGV: lease id, probe (0/1), ok (0/1), node id, dead ms.
-_RELEASE = _NOW + """
-redis.call('ZREM', KEYS[1], ARGV[1])
-if ARGV[2] == '1' and redis.call('HGET', KEYS[2], 'p') == ARGV[4] then
-  if ARGV[3] == '1' then
-    redis.call('DEL', KEYS[2])
-  else
-    redis.call('HSET', KEYS[2], 'u', now + tonumber(ARGV[5]))
-    redis.call('HDEL', KEYS[2], 'p', 'pu')
-  end
-end
-return 1
-"""
-
-# KEYS: health. ARGV: dead ms, status, reason.
-_DEAD = _NOW + """
-local ms = tonumber(ARGV[1])
-redis.call('HSET', KEYS[1], 'u', now + ms, 'st', ARGV[2], 'rs', ARGV[3])
-redis.call('HDEL', KEYS[1], 'p', 'pu')
-redis.call('PEXPIRE', KEYS[1], ms + 3600000)
-return 1
-"""
-
-# KEYS: leases. ARGV: ttl ms, lease ids... (added whether or not they are there)
-_ADOPT = _NOW + """
-local ttl = tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], now + ttl, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], 2 * ttl)
-return 1
-"""
-
-# KEYS: leases. ARGV: ttl ms, lease ids...
-_RENEW = _NOW + """
-local ttl = tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', now + ttl, ARGV[i]) end
-redis.call('PEXPIRE', KEYS[1], 2 * ttl)
-return 1
-"""
-
+_WINDOW_TTL_MS = int(LEARNED_TTL * 1000)  # an idle destination's shared window is forgotten
+_CAPS_KEPT = 10_000  # destinations whose last cap in force is remembered for the fallback
 
 def describe_url(url: str) -> str:
-    """``scheme://host:port/db`` without the password (for logs and status)."""
+    """``scheme://host:port/db`` (``unix:///path``) without the password or options (for logs
+    and status)."""
     parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
     host = parts.hostname or "localhost"
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}{parts.path}"
@@ -145,7 +85,7 @@ def describe_url(url: str) -> str:
 
 def _keys(key: DestKey) -> list[str]:
     tag = f"qmgrd:{{{key.transport}|{key.name}}}"  # one hash slot per destination (Cluster)
-    return [f"{tag}:leases", f"{tag}:health", f"{tag}:rate", f"{tag}:limit"]
+    return [f"{tag}:leases", f"{tag}:health", f"{tag}:rate", f"{tag}:limit", f"{tag}:window"]
 
 
 class RedisState:
@@ -177,11 +117,14 @@ class RedisState:
             retry=Retry(NoBackoff(), 0),
             decode_responses=True,
         )
-        self._admit = self._client.register_script(_ADMIT)
-        self._release = self._client.register_script(_RELEASE)
-        self._dead = self._client.register_script(_DEAD)
-        self._renew = self._client.register_script(_RENEW)
-        self._adopt = self._client.register_script(_ADOPT)
+        self._admit = self._client.register_script(ADMIT)
+        self._release = self._client.register_script(RELEASE)
+        self._dead = self._client.register_script(DEAD)
+        self._renew = self._client.register_script(RENEW)
+        self._adopt = self._client.register_script(ADOPT)
+        self._limit = self._client.register_script(LIMIT)
+        self._caps: dict[DestKey, int] = {}  # the cap in force at the last admission
+        self._grace_until = 0.0  # after re-joining: this node's share holds too until then
         self._stand_ins: dict[DestKey, list[str]] = {}  # Redis leases for fallback sessions
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._ids = itertools.count(1)
@@ -217,33 +160,64 @@ class RedisState:
         """Health, cap, rate and lease in one atomic round trip (module doc)."""
         if not self.up:
             return self._fallback_admit(key, limits)
+        if self._grace_until and not self._within_share(key, limits):
+            return Admission(Verdict.FULL, count=len(self._held.get(key, ())))
         ident = f"{self.node}:{next(self._ids)}"
-        interval = limits.rate.interval * 1000.0 if limits.rate is not None else 0.0
+        rate, window = limits.rate, limits.window
+        interval = rate.interval * 1000.0 if rate is not None else 0.0
         reply = await self._call(
             self._admit,
             keys=_keys(key),
-            args=[ident, limits.cap, int(self.lease_ttl * 1000), f"{interval:.3f}", self.node],
+            args=[
+                ident, limits.cap, int(self.lease_ttl * 1000), f"{interval:.3f}", self.node,
+                rate.burst if rate is not None else 1, window.init if window is not None else 0,
+            ],
         )
         if reply is None:
             return self._fallback_admit(key, limits)
-        verdict, number, count, status, reason = reply
+        verdict, number, count, status, reason, cap, server_now = reply
         number, count = int(number), int(count)
+        if int(cap) > 0:
+            if len(self._caps) >= _CAPS_KEPT and key not in self._caps:
+                self._caps.clear()  # bounded: a destination not seen again is forgotten
+            self._caps[key] = int(cap)
         if verdict == "ok":
             self._held.setdefault(key, set()).add(ident)
             self._ensure_renewer()
-            return Admission(
-                Verdict.OK, lease=Lease(key, ident, shared=True, probe=number == 1), count=count
-            )
+            lease = Lease(key, ident, shared=True, probe=number == 1, count=count, limits=limits)
+            lease.granted = int(server_now)
+            return Admission(Verdict.OK, lease=lease, count=count)
         if verdict == "dead":
             return Admission(Verdict.DEAD, retry_after=number / 1000.0, dsn=(status, reason))
         return Admission(Verdict(verdict), retry_after=number / 1000.0, count=count)
 
+    def _known(self, limits: Limits, key: DestKey) -> Limits:
+        """``limits`` with the cap Redis last had in force for ``key`` (learned limit, shared
+        window), which this node's share is taken of while Redis cannot be asked."""
+        known = self._caps.get(key, 0)
+        if known and (limits.cap == 0 or known < limits.cap):
+            return Limits(known, limits.rate, limits.window)
+        return limits
+
+    def _within_share(self, key: DestKey, limits: Limits) -> bool:
+        """Just after re-joining, other nodes may still run sessions on local limits that Redis
+        does not count: this node keeps to its share too until ``_grace_until``."""
+        if self._clock() >= self._grace_until:
+            self._grace_until = 0.0
+            return True
+        cap = self.fallback.local_cap(self._known(limits, key).cap)
+        return cap == 0 or len(self._held.get(key, ())) < cap
+
     def _fallback_admit(self, key: DestKey, limits: Limits) -> Admission:
         # Sessions still running here on Redis leases count against this node's share.
-        return self.fallback.admit_now(key, limits, elsewhere=len(self._held.get(key, ())))
+        return self.fallback.admit_now(
+            key, self._known(limits, key), elsewhere=len(self._held.get(key, ()))
+        )
 
-    async def release(self, lease: Lease, *, ok: bool) -> None:
-        """Remove the lease; a probe's outcome is the destination's new health."""
+    async def release(self, lease: Lease, *, ok: bool, feedback: bool = True) -> None:
+        """Remove the lease; a probe's outcome is the destination's new health; with a shared
+        window, ``ok`` is positive feedback and a failure negative (``feedback`` False:
+        neither)."""
         ident = lease.ident
         if not lease.shared:
             self.fallback.release_now(lease)
@@ -260,10 +234,21 @@ class RedisState:
                 del self._held[lease.key]
         if not self.up:
             return  # it expires within lease_ttl
+        limits = lease.limits or Limits()
+        window = limits.window
+        sign, step = "", None
+        if feedback and window is not None:
+            sign, step = ("p", window.positive) if ok else ("n", window.negative)
+        keys = _keys(lease.key)
         await self._call(
             self._release,
-            keys=_keys(lease.key)[:2],
-            args=[ident, int(lease.probe), int(ok), self.node, int(self.dead_seconds * 1000)],
+            keys=[keys[0], keys[1], keys[3], keys[4]],
+            args=[
+                ident, int(lease.probe), int(ok), self.node, int(self.dead_seconds * 1000),
+                window.init if window is not None else 0, limits.cap, sign,
+                step.numerator if step else 0, step.kind if step else "",
+                step.denominator if step else 1, _WINDOW_TTL_MS, lease.granted, lease.count,
+            ],
         )
 
     async def _adopt_all(self) -> None:
@@ -288,12 +273,20 @@ class RedisState:
                 self._dead, keys=[_keys(key)[1]], args=[int(seconds * 1000), dsn[0], dsn[1]]
             )
 
-    async def publish_limit(self, key: DestKey, limit: int) -> None:
-        """The cluster cap of ``key`` is at most ``limit`` for ``LEARNED_TTL`` seconds."""
-        if self.up and limit > 0:
-            await self._call(
-                self._client.set, _keys(key)[3], limit, px=int(LEARNED_TTL * 1000)
-            )
+    async def publish_limit(self, key: DestKey, limit: int, *, init: int = 0) -> int:
+        """A session to ``key`` was refused as one too many: the cluster cap is at most the
+        sessions holding leases now (``limit``, those running when the refused one was
+        granted, if none) for ``LEARNED_TTL`` seconds, never raised while it holds, and the
+        shared window (``init``: the initial window; 0 = none) settles at it. Returns it."""
+        if not self.up or limit <= 0:
+            return 0
+        keys = _keys(key)
+        reply = await self._call(
+            self._limit,
+            keys=[keys[3], keys[4], keys[0]],
+            args=[limit, int(LEARNED_TTL * 1000), init, _WINDOW_TTL_MS],
+        )
+        return 0 if reply is None else int(reply)
 
     # ------------------------------------------------------------------ background
 
@@ -355,6 +348,11 @@ class RedisState:
             except (RedisError, OSError, TimeoutError):
                 continue
             self.up = True
+            # Until every node that noticed the outage has re-joined (its next ping, or its
+            # next renewal for one that noticed nothing) some sessions are not in Redis.
+            self._grace_until = (
+                self._clock() + RECONNECT_DELAY + self.timeout + self.lease_ttl / 3.0
+            )
             down = self._clock() - (self.down_since or self._clock())
             self.down_since = None
             if self.log is not None:

