@@ -381,14 +381,15 @@ class Postfix(Relay):
             time.sleep(0.1)
         for pid in pids:
             if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # it ended after the check
+                    os.kill(pid, signal.SIGKILL)
         self.master = 0
 
 
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # ESRCH: it ended while being read
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 

@@ -72,12 +72,12 @@ def children(pid: int) -> list[int]:
     out: list[int] = []
     try:
         tids = os.listdir(f"/proc/{pid}/task")
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone (ESRCH while being read)
         return out
     for tid in tids:
         try:
             text = Path(f"/proc/{pid}/task/{tid}/children").read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
             continue
         out.extend(int(word) for word in text.split())
     return out
