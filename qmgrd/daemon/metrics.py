@@ -45,11 +45,9 @@ taken on the loop, where the engine's structures live.
 from __future__ import annotations
 
 import asyncio
-import os
 import platform
 import re
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,9 +59,14 @@ from qmgrd.daemon.metrics_cluster import destination_state_metrics
 from qmgrd.daemon.metrics_flows import flow_metrics
 from qmgrd.daemon.metrics_http import MetricsServer, start_metrics_server
 from qmgrd.daemon.metrics_intake import NULL_INTAKE, IntakeMetrics, IntakeObserver
+from qmgrd.daemon.metrics_spool import (
+    AGE_QUEUES,
+    SPOOL_QUEUES,
+    spool_oldest_ages,
+    spool_queue_counts,
+)
 from qmgrd.daemon.snapshot import DestinationStatus, EngineStatus
-from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import Spool, queue_id_time
+from qmgrd.errors import InvariantError
 
 __all__ = [
     "AGE_QUEUES",
@@ -84,12 +87,6 @@ QueueAgesFn = Callable[[], Mapping[str, float]]
 
 STATUSES = ("sent", "deferred", "bounced", "expired")
 
-SPOOL_QUEUES = ("incoming", "active", "deferred", "hold", "corrupt")
-"""Queues reported by :func:`spool_queue_counts` (the ones holding messages)."""
-
-AGE_QUEUES = ("incoming", "active", "deferred", "hold")
-"""Queues whose oldest message's age is reported (corrupt/ holds no live mail)."""
-
 # From "just delivered" to "expired after maximal_queue_lifetime (5d)".
 DELAY_BUCKETS = (
     0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 86400, 5 * 86400,
@@ -108,56 +105,6 @@ def reason_class(dsn: str) -> str:
     return f"{match.group(1)}.{int(match.group(2))}.x"
 
 
-def spool_queue_counts(root: Path, queues: Iterable[str] = SPOOL_QUEUES) -> dict[str, int]:
-    """Files per spool queue (hashed subdirectories included, temporaries skipped).
-
-    Blocking directory I/O: the metrics endpoint calls it in a worker thread.
-    A queue directory that does not exist counts 0.
-    """
-    counts: dict[str, int] = {}
-    for queue in queues:
-        counts[queue] = _count_files(root / queue)
-    return counts
-
-
-def spool_oldest_ages(
-    spool: Spool, now: float, queues: Iterable[str] = AGE_QUEUES
-) -> dict[str, float]:
-    """Seconds since the oldest message of each queue was created (0 for an empty queue).
-
-    From the ids alone (``Spool.list_ids`` lists oldest first; ``queue_id_time``):
-    one directory listing per queue, no file opened. Blocking: call it in a thread.
-    """
-    ages: dict[str, float] = {}
-    for queue in queues:
-        try:
-            ids = spool.list_ids(queue)
-        except (OSError, SpoolError):
-            ids = []
-        age = 0.0
-        if ids:
-            try:
-                age = max(0.0, now - queue_id_time(ids[0], now))
-            except ValueError:  # cannot happen for a listed id; an age of 0 is harmless
-                age = 0.0
-        ages[queue] = age
-    return ages
-
-
-def _count_files(directory: Path) -> int:
-    total = 0
-    try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    total += _count_files(Path(entry.path))
-                else:
-                    total += 1
-    except FileNotFoundError:
-        return 0
-    return total
 
 
 class Metrics:
