@@ -32,7 +32,7 @@ full for the message (``queue_minfree``, at least 64 KiB, plus SIZE) → 452
 ``smtpd_hard_error_limit`` errors end the session with ``421 4.7.0 HOST
 Error: too many errors``; NOOP, VRFY, ETRN and RSET beyond
 ``smtpd_junk_command_limit`` count as errors. A session idle beyond
-``smtpd_timeout`` is closed (logged, no reply). AUTH: see ``commands.auth``.
+``smtpd_timeout`` is closed (logged, no reply). AUTH: see ``authcmd.auth``.
 
 TLS (``smtpd_tls_*``, ``qmgrd.listener.tls``): ``starttls`` swaps the
 session's ``Channel`` for the TLS one and starts a fresh ``ServerProtocol``
