@@ -211,8 +211,12 @@ class Injector:
 
 
 def read_deliveries(path: Path) -> list[tuple[float, str, str]]:
+    """The sink's complete lines. The sink appends whole lines with one write, but a write
+    that crosses a page boundary can be read half done (the file grows page by page), so a
+    last line without its newline is not read yet."""
     out = []
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in text[: text.rfind("\n") + 1].splitlines():
         t, msgid, rcpt = line.split(" ")
         out.append((float(t), msgid, rcpt))
     return out
