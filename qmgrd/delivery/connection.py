@@ -30,6 +30,7 @@ import ssl
 from typing import Any, cast
 
 from qmgrd.delivery.client import Reply, ReplyError, ReplyParser
+from qmgrd.flowcontrol import WriteFlow
 
 QUEUE_LIMIT = 1024  # unread replies before reading pauses (a group has one per command)
 
@@ -44,9 +45,8 @@ class Connection(asyncio.Protocol):
         self.error: BaseException | None = None
         self.closed = False
         self._paused = False
-        self._write_paused = False
         self._waiter: asyncio.Future[None] | None = None
-        self._drain_waiter: asyncio.Future[None] | None = None
+        self._flow = WriteFlow()  # the transport's write pause
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -83,18 +83,13 @@ class Connection(asyncio.Protocol):
         if self.error is None:
             self.error = exc or ConnectionResetError("Connection lost")
         self._wake()
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("Connection lost"))
+        self._flow.fail(ConnectionResetError("Connection lost"))
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self._flow.pause()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._flow.resume()
 
     # -- the session's side ------------------------------------------------------------
 
@@ -146,10 +141,9 @@ class Connection(asyncio.Protocol):
         """Wait (at most ``timeout`` seconds) until the transport takes writes again."""
         if self.closed:
             raise self.error or ConnectionResetError("Connection lost")
-        if not self._write_paused:
+        if not self._flow.paused:
             return
-        waiter = self._drain_waiter = asyncio.get_running_loop().create_future()
-        await asyncio.wait_for(waiter, timeout)
+        await asyncio.wait_for(self._flow.wait(), timeout)
 
     def close(self) -> None:
         """Close at once: the session is over, queued bytes are of no use."""

@@ -23,6 +23,8 @@ import asyncio
 import ssl
 from typing import Any, cast
 
+from qmgrd.flowcontrol import WriteFlow
+
 
 class Channel(asyncio.Protocol):
     """Bounded reading and flow-controlled writing over one transport (module docstring)."""
@@ -35,10 +37,9 @@ class Channel(asyncio.Protocol):
         self._lost: BaseException | None = None
         self._closed = False
         self._paused = False  # we paused the transport's reading
-        self._write_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
         self._expired = False  # the current read's timer fired
-        self._drain_waiter: asyncio.Future[None] | None = None
+        self._flow = WriteFlow()  # the transport's write pause
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -64,18 +65,13 @@ class Channel(asyncio.Protocol):
         self._lost = exc
         self._eof = True
         self._wake_reader()
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc or ConnectionResetError("connection lost"))
+        self._flow.fail(exc or ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
-        self._write_paused = True
+        self._flow.pause()
 
     def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._flow.resume()
 
     # -- the session's side -----------------------------------------------------------
 
@@ -133,10 +129,9 @@ class Channel(asyncio.Protocol):
         """Wait until the transport takes writes again; ConnectionError if the client is gone."""
         if self._closed:
             raise ConnectionResetError("connection lost")
-        if not self._write_paused:
+        if not self._flow.paused:
             return
-        self._drain_waiter = asyncio.get_running_loop().create_future()
-        await self._drain_waiter
+        await self._flow.wait()
 
     def close(self) -> None:
         """Close after sending what is queued."""
