@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import stat
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal
@@ -51,7 +50,7 @@ from qmgrd.spool.reasons import (
     remove_reasons,
 )
 from qmgrd.spool.records import Envelope, QueueFile, encode_queue_file
-from qmgrd.spool.safety import check_directory, describe_uid
+from qmgrd.spool.safety import check_directory
 
 QueueName = Literal["incoming", "active", "deferred", "hold", "corrupt"]
 QUEUES: tuple[QueueName, ...] = ("incoming", "active", "deferred", "hold", "corrupt")
@@ -226,83 +225,11 @@ class Spool:
     ) -> int:
         """Move entries that are not plain queue files out of ``queues`` into corrupt/.
 
-        Start-up only. Swept: names that are not queue ids (temporaries in
-        incoming/ excepted: ``remove_temp_files`` owns them), symlinks (the
-        link itself is moved, never its target), anything that is not a
-        regular file, and queue files owned by another user than the daemon's
-        (only root could have put them there: they are not the daemon's mail,
-        and may be forged). Each gets a warning naming it; a name already
-        taken in corrupt/ gets a numeric suffix. Returns how many were moved.
-
-        ``logs``: also sweep defer/ and bounce/ of symlinks, directories,
-        FIFOs and files of another owner (as ``corrupt/defer.ID``, never a
-        queue file name): such an entry would make every load of its message
-        fail, and wedge it. Stray regular files there are ignored by every
-        reader and left alone.
+        Start-up only; see :func:`qmgrd.spool.sweep.sweep_foreign`.
         """
-        moved = 0
-        uid = os.geteuid()
-        for queue in queues:
-            for name, st in self._lstat_entries(queue):
-                if queue == "incoming" and name.startswith(TEMP_PREFIX):
-                    continue
-                why = _foreign_reason(st, uid) or (
-                    None if is_queue_id(name) else "not a queue file name"
-                )
-                if why is not None and self._sweep_one(queue, name, why):
-                    moved += 1
-        for kind in LOG_DIRS if logs else ():
-            for name, st in self._lstat_entries(kind):
-                why = _foreign_reason(st, uid)
-                if why is not None and self._sweep_one(kind, name, why, f"{kind}.{name}"):
-                    moved += 1
-        return moved
+        from qmgrd.spool.sweep import sweep_foreign  # here: sweep imports this module
 
-    def _lstat_entries(self, queue: str) -> list[tuple[str, os.stat_result]]:
-        directory = self.root / queue
-        try:
-            with os.scandir(directory) as it:
-                entries = [(e.name, _entry_stat(e)) for e in it]
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise SpoolError(f"cannot list {directory}: {exc.strerror}") from exc
-        return [(name, st) for name, st in entries if st is not None]
-
-    def _sweep_one(self, queue: str, name: str, why: str, base: str | None = None) -> bool:
-        log = get_logger("qmgr")
-        corrupt = self.root / "corrupt"
-        base = (base or name).lstrip(TEMP_PREFIX) or "_"
-        target = corrupt / base
-        for n in range(1, 1000):
-            if not os.path.lexists(target):
-                break
-            target = corrupt / f"{base}~{n}"
-        else:
-            log.warning(
-                "cannot quarantine foreign file",
-                file=f"{queue}/{name}",
-                reason=why,
-                error="too many files of that name in corrupt/",
-            )
-            return False
-        try:
-            os.rename(self.root / queue / name, target)
-        except OSError as exc:
-            log.warning(
-                "cannot quarantine foreign file",
-                file=f"{queue}/{name}",
-                reason=why,
-                error=exc.strerror or str(exc),
-            )
-            return False
-        log.warning(
-            "foreign file in queue directory moved to corrupt",
-            file=f"{queue}/{name}",
-            reason=why,
-            to=f"corrupt/{target.name}",
-        )
-        return True
+        return sweep_foreign(self, queues, logs=logs)
 
     # -- files -------------------------------------------------------------------
 
@@ -413,25 +340,6 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _foreign_reason(st: os.stat_result, uid: int) -> str | None:
-    """Why an entry cannot be one of the daemon's files (None: it can)."""
-    if stat.S_ISLNK(st.st_mode):
-        return "symbolic link"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file"
-    if st.st_uid != uid:
-        return f"owned by {describe_uid(st.st_uid)}, not by the daemon's user"
-    return None
-
-
-def _entry_stat(entry: os.DirEntry[str]) -> os.stat_result | None:
-    """The entry's lstat (never through a symlink); None if it vanished."""
-    try:
-        return entry.stat(follow_symlinks=False)
-    except FileNotFoundError:
-        return None
 
 
 def _write_all(fd: int, parts: list[bytes]) -> None:
