@@ -436,13 +436,41 @@ class Scheduler:
             job = job_preempt(job, now)
         tag = transport.blocker_tag
         link: Link[Job] | None = job.transport_link
+        # The walk visits every job after a blocker tag bump (each delivery to a full
+        # destination), so the common case is inlined: a message with nothing left to read
+        # (no refill rules) gets _job_peer_select's peer_select without the calls, and a job
+        # that finds no peer marks itself and its queues in the same loop. Same decisions,
+        # same order (tests/unit/core/test_fast_walk.py runs it against the plain walk).
         while link is not None:
             job = link.item
             nxt = link.next
             if job.blocker_tag == tag:
                 link = nxt
                 continue
-            peer = self._job_peer_select(job, now)
+            if job.message.more:
+                peer = self._job_peer_select(job, now)
+            elif job.selected_entries < job.read_entries:  # has_entries: peer_select inlined
+                plink = job.peer_list.head
+                while plink is not None:
+                    p = plink.item
+                    queue = p.queue
+                    if queue.window.window > queue.busy.count and p.entries.head is not None:
+                        job.peer_list.rotate(plink)
+                        break
+                    plink = plink.next
+                if plink is None:  # no peer: a blocker, and so is each queue it waits for
+                    job.blocker_tag = tag
+                    plink = job.peer_list.head
+                    while plink is not None:
+                        p = plink.item
+                        if p.entries.head is not None:
+                            p.queue.blocker_tag = tag
+                        plink = plink.next
+                    link = nxt
+                    continue
+                peer = p
+            else:
+                peer = None
             if peer is not None:
                 entry = self._entry_select(peer, now)
                 job_count_slots(job)
