@@ -1,13 +1,25 @@
 """Run blocking spool work off the event loop, many small jobs per thread hop.
 
 Every delivery ends with a little file work (done marks, reason logs), every
-message with a move or an unlink. One ``asyncio.to_thread`` per job would cost a
-thread hop each; instead jobs submitted while a hop is under way are queued and
-run together in the next hop. Up to ``workers`` hops run at once, so one slow
-fsync does not hold up everything behind it.
+message with a load, a move or an unlink. One ``asyncio.to_thread`` per job
+would cost a thread hop each, and each hop is paid several times over: the
+worker's wake-up, the result's wake-up of the loop, and a hand-over of the
+interpreter lock at every system call the worker makes while the loop thread
+runs (a futex wait and wake each). So jobs are batched:
 
-Hops run on a regulated ``WorkPool`` when one is given (``pool=``; the daemon
-shares one, see ``qmgrd.daemon.workpool``), else on asyncio's default executor.
+- while no hop runs, a submitted job starts one at once (no added latency);
+- while a hop runs, submitted jobs queue, and they all go together in the next
+  hop, which the running drain starts as soon as its hop ends. The results of
+  a hop come back to the loop with one wake-up;
+- a job that has queued for ``stall`` seconds behind a running hop (a slow
+  fsync, a stalled disk, a big batch) starts another hop beside it, up to
+  ``workers`` hops at once, so one slow job never holds up everything behind
+  it for long.
+
+Jobs run in submission order within a hop; hops that run side by side may
+interleave. A job's exception is raised to its awaiting coroutine. Hops run on
+a regulated ``WorkPool`` when one is given (``pool=``; the daemon shares one,
+see ``qmgrd.daemon.workpool``), else on asyncio's default executor.
 """
 
 from __future__ import annotations
@@ -24,6 +36,8 @@ T = TypeVar("T")
 
 _Job = tuple[Callable[[], Any], "asyncio.Future[Any]"]
 
+STALL = 0.005  # seconds a job may queue behind a running hop before another hop starts
+
 
 def _run_all(jobs: list[_Job]) -> list[tuple[bool, Any]]:
     out: list[tuple[bool, Any]] = []
@@ -39,14 +53,23 @@ class IoBatcher:
     """Batches blocking callables into worker-thread hops; results come back as futures."""
 
     def __init__(
-        self, *, workers: int = 4, max_batch: int = 256, pool: WorkPool | None = None
+        self,
+        *,
+        workers: int = 4,
+        max_batch: int = 256,
+        pool: WorkPool | None = None,
+        stall: float = STALL,
     ) -> None:
-        """``workers`` hops may run concurrently; each takes at most ``max_batch`` jobs."""
+        """At most ``workers`` hops run at once, each with at most ``max_batch`` jobs; a job
+        queued ``stall`` seconds behind a running hop starts another (module doc)."""
         self.pool = pool  # regulator: where hops run (None: asyncio's default executor)
         self._pending: list[_Job] = []
         self._workers = workers
         self._max_batch = max_batch
+        self._stall = stall
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._draining = 0  # drains started and not ended (``_running`` lags a turn behind)
         self.hops = 0  # thread hops made (for benchmarks and tests)
         self.jobs = 0  # jobs run
 
@@ -55,29 +78,59 @@ class IoBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
-        if len(self._running) < self._workers:
-            task = loop.create_task(self._drain())
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+        if not self._draining:
+            self._start(loop)
+        elif self._stall_timer is None and self._draining < self._workers:
+            self._stall_timer = loop.call_later(self._stall, self._stalled, loop)
         return future
 
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._draining += 1  # counted now: the drain's first step runs at the next turn
+        task = loop.create_task(self._drain())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    def _stalled(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Jobs queued ``stall`` seconds behind the running hops: one more hop for them."""
+        self._stall_timer = None
+        if self._pending and self._draining < self._workers:
+            self._start(loop)
+
     async def _drain(self) -> None:
-        while self._pending:
-            batch = self._pending[: self._max_batch]
-            del self._pending[: self._max_batch]
-            self.hops += 1
-            self.jobs += len(batch)
-            if self.pool is not None:  # regulator
-                results = await self.pool.run(functools.partial(_run_all, batch))
-            else:
-                results = await asyncio.to_thread(_run_all, batch)
-            for (_fn, future), (ok, value) in zip(batch, results, strict=True):
-                if future.done():
+        try:
+            while self._pending:
+                batch = self._pending[: self._max_batch]
+                del self._pending[: self._max_batch]
+                if not self._pending and self._stall_timer is not None:
+                    self._stall_timer.cancel()  # nothing waits any more
+                    self._stall_timer = None
+                self.hops += 1
+                self.jobs += len(batch)
+                try:
+                    if self.pool is not None:  # regulator
+                        results = await self.pool.run(functools.partial(_run_all, batch))
+                    else:
+                        results = await asyncio.to_thread(_run_all, batch)
+                except asyncio.CancelledError:
+                    for _fn, future in batch:
+                        future.cancel()
+                    raise
+                except Exception as exc:  # the hop itself failed (a closed pool): its jobs did
+                    for _fn, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
                     continue
-                if ok:
-                    future.set_result(value)
-                else:
-                    future.set_exception(value)
+                for (_fn, future), (ok, value) in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if ok:
+                        future.set_result(value)
+                    else:
+                        future.set_exception(value)
+        finally:
+            # Synchronously with the last check of ``_pending``: a job submitted from now on
+            # starts a drain of its own (a done callback would run a turn later).
+            self._draining -= 1
 
     async def wait_idle(self) -> None:
         """Wait until every submitted job has run."""
