@@ -22,6 +22,16 @@ sets ``stop``, SIGINT and SIGHUP do nothing.
 
 ``loop_factory()`` is uvloop's loop when uvloop is installed (None: plain
 asyncio), for ``asyncio.Runner``.
+
+``settle_gc()`` (every daemon process, once its start-up is done: the queue
+manager when the daemon has started, a worker before its loop runs) moves what
+start-up allocated (modules, configuration, tables) out of the cyclic garbage
+collector's way (``gc.freeze``) and collects the young generations less often
+(``GC_THRESHOLDS``): each message allocates a few dozen container objects, and
+with CPython's default threshold of 700 the collector ran every few messages,
+walking every object still alive in the young generations each time (about 5 %
+of the queue manager's CPU at 1 KB messages). Garbage in reference cycles is
+still collected, a little later.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -40,7 +51,16 @@ from qmgrd.config import Config, load_config
 from qmgrd.errors import ConfigError, QmgrdError
 from qmgrd.log import LogOutput, configure_logging, get_logger
 
-__all__ = ["die_with_parent", "loop_factory", "open_log_output", "worker_main", "worker_signals"]
+__all__ = [
+    "die_with_parent",
+    "loop_factory",
+    "open_log_output",
+    "settle_gc",
+    "worker_main",
+    "worker_signals",
+]
+
+GC_THRESHOLDS = (10_000, 50, 100)  # gc.set_threshold after start-up (CPython's: 700, 10, 10)
 
 _PR_SET_NAME = 15
 _PR_SET_PDEATHSIG = 1
@@ -100,6 +120,7 @@ def worker_main(
     except QmgrdError as exc:
         print(f"qmgrd/{program}: fatal: {exc}", file=sys.stderr)
         return 1
+    settle_gc()
     try:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             runner.run(body(cfg))
@@ -109,6 +130,13 @@ def worker_main(
     finally:
         output.close()
     return 0
+
+
+def settle_gc() -> None:
+    """Start-up is over: freeze its objects, collect young generations less often (module doc)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def worker_signals(stop: asyncio.Event) -> None:

@@ -5,7 +5,9 @@ on uvloop when it is installed (plain asyncio otherwise) until SIGTERM or
 SIGINT. ``serve`` runs the daemon that ``assemble.Daemon`` composes (spool,
 engine, control socket, metrics, listener) and adds what belongs to the
 process: the start and stop log lines, sd_notify and SIGHUP reloads; it
-returns when ``stop`` is set, after closing everything it started.
+returns when ``stop`` is set, after closing everything it started. ``qmgrd run``
+settles the garbage collector once the daemon has started
+(``qmgrd.daemon.process.settle_gc``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from qmgrd.config import Config, load_config
 from qmgrd.daemon.assemble import Daemon
 from qmgrd.daemon.dpool import delivery_worker_count
 from qmgrd.daemon.engine import Engine
-from qmgrd.daemon.process import loop_factory, open_log_output
+from qmgrd.daemon.process import loop_factory, open_log_output, settle_gc
 from qmgrd.daemon.sdnotify import Notifier
 from qmgrd.daemon.workers import worker_count
 from qmgrd.listener import ListenerHandle
@@ -91,7 +93,13 @@ async def _main(cfg: Config) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(signal.SIGHUP, hup.set)
-    await serve(cfg, stop=stop, hup=hup, notifier=Notifier.from_environment())
+    await serve(
+        cfg,
+        stop=stop,
+        hup=hup,
+        notifier=Notifier.from_environment(),
+        engine_ready=lambda _engine: settle_gc(),  # this process only: not tests' serve()
+    )
 
 
 def run_command(config_dir: Path) -> int:
