@@ -278,9 +278,22 @@ class Loader:
     # ------------------------------------------------------------------ reading
 
     def serve_reads(self) -> None:
-        """Start one read per pending scheduler read request."""
+        """Answer each pending scheduler read request: at once when the load's read-ahead
+        covers it (most messages: no task, no thread hop), else in a task of its own."""
         for request in self.ctx.scheduler.pop_reads():
-            self.ctx.spawn(self.read(request))
+            msg = active_of(request.message)
+            if msg.forced_expire or msg.prefetch is None:
+                self.ctx.spawn(self.read(request))
+                continue
+            try:
+                covered = _from_prefetch(msg, request)
+            except Exception as exc:  # the read-ahead's own failure, reported as a read's
+                self._read_failed(request, msg, exc)
+                continue
+            if covered is None:
+                self.ctx.spawn(self.read(request))
+            else:
+                self._answer(request, msg, *covered)
 
     async def read(self, request: ReadRequest) -> None:
         """Read and resolve one batch of recipients (see the module doc)."""
@@ -295,20 +308,37 @@ class Loader:
             records, next_offset = covered if covered is not None else await ctx.io.submit(
                 lambda: msg.qf.read_recipients(request.offset, request.limit)
             )
-        except QueueFileIOError as exc:
-            # The system failed, not the file: defer the message (4.3.0) and retry it later.
-            self._problem(request, msg, f"cannot read queue file: {exc}", internal=False)
-            return
-        except (SpoolError, OSError) as exc:
-            msg.corrupt = str(exc)
-            ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
-            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
-            return
         except InvariantError:
             raise
         except Exception as exc:
-            self._problem(request, msg, f"cannot read recipients: {exc!r}")
+            self._read_failed(request, msg, exc)
             return
+        self._answer(request, msg, records, next_offset)
+
+    def _read_failed(self, request: ReadRequest, msg: ActiveMessage, exc: Exception) -> None:
+        """A recipient read failed (see the module doc for what each failure means)."""
+        ctx = self.ctx
+        if isinstance(exc, InvariantError):
+            raise exc
+        if isinstance(exc, QueueFileIOError):
+            # The system failed, not the file: defer the message (4.3.0) and retry it later.
+            self._problem(request, msg, f"cannot read queue file: {exc}", internal=False)
+        elif isinstance(exc, (SpoolError, OSError)):
+            msg.corrupt = str(exc)
+            ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
+            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
+        else:
+            self._problem(request, msg, f"cannot read recipients: {exc!r}")
+
+    def _answer(
+        self,
+        request: ReadRequest,
+        msg: ActiveMessage,
+        records: list[RecipientRecord],
+        next_offset: int,
+    ) -> None:
+        """Resolve the recipients read and hand them to the scheduler."""
+        ctx = self.ctx
         try:
             sender = msg.qf.sender
             resolved = [self.resolve(record, sender) for record in records]

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qmgrd.core.message import Message, ReadRequest
 from qmgrd.core.params import READ_BATCH_LIMIT
-from qmgrd.daemon.loading import PREFETCH, _from_prefetch, _prefetch
+from qmgrd.daemon import loading
+from qmgrd.daemon.loading import PREFETCH, Loader, _from_prefetch, _prefetch
 from qmgrd.daemon.table import ActiveMessage
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, mark_done
+from tests.support.agents import FakeAgent
+from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
 
 
 def _message(spool: Spool, count: int, done: set[int]) -> ActiveMessage:
@@ -61,3 +66,61 @@ def test_prefetch_equals_a_read(
         assert limit > AHEAD and ahead[2] != 0
     else:
         assert got == want
+
+
+async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read request of a message is answered from the read-ahead by the engine's
+    pass itself: no read task, and the file's recipients are read once (by the load)."""
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    reads: list[ReadRequest] = []
+    plain_read = Loader.read
+
+    async def counted(self: Loader, request: ReadRequest) -> None:
+        reads.append(request)
+        await plain_read(self, request)
+
+    monkeypatch.setattr(Loader, "read", counted)
+    file_reads: list[int] = []
+    plain_file_read = QueueFile.read_recipients
+
+    def counted_file_read(self: QueueFile, offset: int, limit: int) -> object:
+        file_reads.append(offset)
+        return plain_file_read(self, offset, limit)
+
+    monkeypatch.setattr(QueueFile, "read_recipients", counted_file_read)
+    qids = [submit(spool, clock, "s@x.test", [f"r{i}@y.test"]) for i in range(3)]
+    task = await run_until_idle(engine)
+    try:
+        assert sorted(q for q, _ in agent.delivered) == sorted(qids)
+        assert reads == []
+        assert len(file_reads) == len(qids)  # the loads' read-ahead only
+    finally:
+        await stop_engine(engine, task)
+
+
+async def test_a_read_beyond_the_read_ahead_still_takes_a_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recipients past the read-ahead are read by a task, as before."""
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    monkeypatch.setattr(loading, "_prefetch", lambda qf: _prefetch(qf, 2))
+    reads: list[ReadRequest] = []
+    plain_read = Loader.read
+
+    async def counted(self: Loader, request: ReadRequest) -> None:
+        reads.append(request)
+        await plain_read(self, request)
+
+    monkeypatch.setattr(Loader, "read", counted)
+    rcpts = [f"r{i}@y.test" for i in range(5)]
+    qid = submit(spool, clock, "s@x.test", rcpts)
+    task = await run_until_idle(engine)
+    try:
+        assert sorted(a for q, a in agent.delivered if q == qid) == sorted(rcpts)
+        assert reads
+    finally:
+        await stop_engine(engine, task)
