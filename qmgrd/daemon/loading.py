@@ -53,17 +53,17 @@ from pathlib import Path
 
 from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.core.message import ReadRequest, ResolvedRecipient
-from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.flows import flow_of, transport_flows
+from qmgrd.daemon.prefetch import PREFETCH, Prefetch, _from_prefetch, _prefetch
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
 
-__all__ = ["FEED_BATCH", "Loader"]
+__all__ = ["FEED_BATCH", "PREFETCH", "Loader", "_from_prefetch", "_prefetch"]
 
 FEED_BATCH = 64  # loads started per engine pass at most
 
@@ -376,40 +376,3 @@ class Loader:
         return ResolvedRecipient(
             record.address, record.offset, resolved.transport, resolved.nexthop, name, record
         )
-
-
-# Recipients the load's job reads ahead: as many as a read request may ask (the core's
-# cap), so the prefetch always answers the first request and every message's first read
-# takes the same path (the order messages become ready in stays the order of their loads).
-PREFETCH = READ_BATCH_LIMIT
-# (offset, the records or the read's exception, next offset), or None.
-Prefetch = tuple[int, list[RecipientRecord] | Exception, int] | None
-
-
-def _prefetch(qf: QueueFile, limit: int = PREFETCH) -> Prefetch:
-    """Worker thread (the load's job): the first ``limit`` recipients; a failed read is
-    kept, and raised by the read request it answers, so it is reported as before."""
-    offset = qf.first_recipient_offset
-    try:
-        records, next_offset = qf.read_recipients(offset, limit)
-    except Exception as exc:
-        return offset, exc, 0
-    return offset, records, next_offset
-
-
-def _from_prefetch(
-    msg: ActiveMessage, request: ReadRequest
-) -> tuple[list[RecipientRecord], int] | None:
-    """What ``read_recipients(request.offset, request.limit)`` returns (or raises), from the
-    prefetch if it covers the request (used once), else None."""
-    prefetch, msg.prefetch = msg.prefetch, None
-    if prefetch is None or prefetch[0] != request.offset or request.limit < 1:
-        return None
-    _offset, records, next_offset = prefetch
-    if isinstance(records, Exception):
-        raise records
-    if len(records) > request.limit:  # the next R record starts where the read would stop
-        return records[: request.limit], records[request.limit].offset
-    if len(records) == request.limit or next_offset == 0:
-        return records, next_offset
-    return None  # the request wants more than was read ahead
