@@ -19,7 +19,8 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
   Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
-  (notes §9), parses the envelope and registers the message with the scheduler
+  (notes §9) and looks for bounce reasons (none for a message a listener has
+  just committed: ``enqueue`` with its flow facts; its id is new), parses the envelope and registers the message with the scheduler
   (IN_CORE) with its fairness flow (``qmgrd.daemon.flows``). A file that
   cannot be parsed (or whose parse fails in any way) goes to ``corrupt/``; one
   that vanished (an operator took it) is forgotten; a disk error leaves it
@@ -76,6 +77,7 @@ class Loader:
         self.ctx = ctx
         self.rescan_due = 0.0  # when incoming/ is scanned again after a failure; 0 = none
         self.deferred_scan_running = False
+        self._fresh: set[str] = set()  # waiting ids a listener has just committed
 
     # ------------------------------------------------------------------ scans
 
@@ -117,6 +119,11 @@ class Loader:
         from its envelope head (read in a worker thread); nothing read with fairness none."""
         ctx = self.ctx
         if queue_id not in ctx.table:
+            if facts is not None:  # a listener's commit: a new queue id, no reason logs yet
+                self._fresh.add(queue_id)
+                if len(self._fresh) > 2 * len(ctx.table) + 64:  # ids that left unloaded
+                    waiting = ctx.table.in_state(MessageState.WAITING)
+                    self._fresh.intersection_update(r.queue_id for r in waiting)
             if ctx.admit_flow is None:
                 ctx.table.create(queue_id, source)
             elif facts is not None:
@@ -183,6 +190,8 @@ class Loader:
         """Move ``record``'s file to ``active/``, parse it and hand it to the scheduler."""
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
+        fresh = queue_id in self._fresh
+        self._fresh.discard(queue_id)
 
         def work() -> tuple[Path, QueueFile | SpoolError, bool, bool, Prefetch] | None:
             try:
@@ -191,10 +200,13 @@ class Loader:
                 if not spool.path(src, queue_id).exists():
                     return None  # deleted or moved by an operator meanwhile
                 raise
+            bounced = False
             try:
                 # A new pass: the defer log describes only the current pass (notes §9).
-                spool.remove_reasons("defer", queue_id)
-                bounced = bool(spool.read_reasons("bounce", queue_id))
+                # A message a listener has just committed has had no pass (nothing to look at).
+                if not fresh:
+                    spool.remove_reasons("defer", queue_id)
+                    bounced = bool(spool.read_reasons("bounce", queue_id))
             except SpoolError:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
