@@ -110,6 +110,7 @@ class LogOutput:
         self._sink: JournalSink | SyslogSink | None = None
         self._pending: list[str] = []  # maillog_file lines not written yet
         self._flush_loop: asyncio.AbstractEventLoop | None = None  # where a flush is due
+        self._flush_thread = 0  # the thread that loop was running on when the flush was due
         # A fork (a worker process) writes the queued lines first, so that the child
         # does not inherit and write them again; the child starts with no flush due.
         ref = weakref.ref(self)
@@ -229,6 +230,11 @@ class LogOutput:
     def _file_line(self, message: str) -> None:
         """Queue a line for ``maillog_file`` (lock held); see the module doc on batching."""
         self._pending.append(message)
+        due = self._flush_loop
+        if due is not None and self._flush_thread == threading.get_ident() and due.is_running():
+            # This thread's loop has its flush due already: nothing to look up (on Python
+            # 3.11 every get_running_loop is a getpid system call, and a pass logs many lines).
+            return
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -240,6 +246,7 @@ class LogOutput:
                 return  # this loop's flush is already due
             if self._flush_loop is None:
                 self._flush_loop = loop
+                self._flush_thread = threading.get_ident()
                 loop.call_soon(self._flush)
                 return
         self._write_pending()  # not on a loop: at once, after the lines queued before
