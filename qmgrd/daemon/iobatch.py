@@ -69,7 +69,7 @@ class IoBatcher:
         self._stall = stall
         self._stall_timer: asyncio.TimerHandle | None = None
         self._running: set[asyncio.Task[None]] = set()
-        self._draining = 0  # drains started and not ended (``_running`` lags a turn behind)
+        self._live: set[asyncio.Task[None]] = set()  # drains started and not ended
         self.hops = 0  # thread hops made (for benchmarks and tests)
         self.jobs = 0  # jobs run
 
@@ -84,11 +84,20 @@ class IoBatcher:
             self._stall_timer = loop.call_later(self._stall, self._stalled, loop)
         return future
 
+    @property
+    def _draining(self) -> int:
+        """Drains started and not ended (``_running`` lags a turn behind their end)."""
+        return len(self._live)
+
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._draining += 1  # counted now: the drain's first step runs at the next turn
-        task = loop.create_task(self._drain())
+        task = loop.create_task(self._drain())  # counted now: its first step runs next turn
+        self._live.add(task)
         self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        task.add_done_callback(self._reap)
+
+    def _reap(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._live.discard(task)  # a drain cancelled before it ran never reached its finally
 
     def _stalled(self, loop: asyncio.AbstractEventLoop) -> None:
         """Jobs queued ``stall`` seconds behind the running hops: one more hop for them."""
@@ -130,7 +139,9 @@ class IoBatcher:
         finally:
             # Synchronously with the last check of ``_pending``: a job submitted from now on
             # starts a drain of its own (a done callback would run a turn later).
-            self._draining -= 1
+            task = asyncio.current_task()
+            if task is not None:
+                self._live.discard(task)
 
     async def wait_idle(self) -> None:
         """Wait until every submitted job has run."""

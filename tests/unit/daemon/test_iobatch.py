@@ -127,3 +127,18 @@ async def test_a_failed_hop_fails_its_jobs() -> None:
                 await future
     await io.wait_idle()
     pool.close()
+
+
+async def test_a_drain_cancelled_before_it_ran_does_not_block_later_jobs() -> None:
+    """A drain task cancelled before its first step (loop teardown, a test's cancel) is not
+    counted as running: the next job starts a drain at once, which runs the waiting job too."""
+    io = IoBatcher(workers=1, stall=60.0)
+    first = io.submit(lambda: 1)
+    drains = list(io._running)
+    for task in drains:
+        task.cancel()
+    await asyncio.gather(*drains, return_exceptions=True)  # ended without running a step
+    async with asyncio.timeout(BOUND):
+        assert await io.submit(lambda: 2) == 2
+        assert await first == 1
+    await io.wait_idle()
