@@ -10,5 +10,6 @@
 - ``simple``: discard / error / retry agents.
 - ``settings.SmtpSettings``: the smtp_* parameters, ``from_transport(tv)``.
 - ``content``: DATA encoding and an in-memory ContentSource.
-- ``dsn``: RFC 3464 bounce / delay notices and NOTIFY filtering.
+- ``dsn``: RFC 3464 bounce / delay notices and NOTIFY filtering (``dsncopy``: the copy of
+  the original and the MIME boundary).
 """
