@@ -27,8 +27,10 @@ are matched in order; otherwise one command at a time. Each reply is awaited
 with its command's timeout (``smtp_mail_timeout``, ``smtp_rcpt_timeout``,
 ``smtp_data_init_timeout``).
 
-Content streaming: after 354 the content is encoded by ``content.DataEncoder``
-and written chunk by chunk with flow control (each wait for the transport at
+Content streaming: after 354 the content is read in chunks of up to
+``CONTENT_CHUNK`` bytes (256 KiB: most mail is one read, one encoding pass and
+one write), encoded by ``content.DataEncoder`` and written chunk by chunk with
+flow control (each wait for the transport at
 most ``smtp_data_xfer_timeout``); the last chunk goes out with the end of data
 in one write, and the final reply is awaited ``smtp_data_done_timeout``.
 """
@@ -45,6 +47,8 @@ from qmgrd.delivery.replies import Failure, Lost, dsn_param, reply_dsn, reply_te
 from qmgrd.delivery.session import Session, broken, run_command
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import InvariantError
+
+CONTENT_CHUNK = 256 * 1024  # bytes per content read: bounds a delivery's buffers
 
 
 class ContentError(Exception):
@@ -285,7 +289,7 @@ class Transaction:
         # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
         held = b""
         try:
-            iterator = aiter(req.content.chunks())
+            iterator = aiter(req.content.chunks(CONTENT_CHUNK))
             while True:
                 try:
                     chunk = await anext(iterator)
