@@ -42,7 +42,9 @@ is older than ``smtp_connection_reuse_time_limit``, was reused
 ``smtp_connection_reuse_count_limit`` times, or uses TLS while
 ``smtp_tls_connection_reuse`` is off. Whether a session will be kept is
 decided before its transaction: one that will not be kept sends QUIT behind the
-end of data when the server pipelines (``Transaction.run(last=True)``).
+end of data when the server pipelines (``Transaction.run(last=True)``). Every
+session ends with ``conversation.end_session``: with ``smtp_skip_quit_response``
+(the default) the QUIT reply is not awaited, as Postfix's smtp_quit.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from qmgrd.delivery.mx import (
 )
 from qmgrd.delivery.replies import Failure, dsn_param, reply_dsn, xtext
 from qmgrd.delivery.sasl import SaslClient
-from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats
+from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats, end_session
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient
 from qmgrd.delivery.transaction import Transaction, check_addresses
@@ -298,13 +300,6 @@ class SmtpAgent:
         return not (limit > 0 and session.reuse_count >= limit)
 
     async def _quit(self, session: Session) -> None:
-        """End a session politely (QUIT), closing it whatever happens."""
-        try:
-            if session.quit_sent:  # pipelined behind the end of data: read its reply
-                await session.conn.read_reply(self.settings.quit_timeout)
-            elif session.conn.is_connected:
-                await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
-        except (TimeoutError, ReplyError, OSError):
-            pass
-        finally:
-            session.close()
+        """End a session politely (QUIT; ``smtp_skip_quit_response``), closing it."""
+        s = self.settings
+        await end_session(session, skip_reply=s.skip_quit_response, timeout=s.quit_timeout)

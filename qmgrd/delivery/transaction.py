@@ -111,7 +111,8 @@ class Transaction:
 
         ``last``: the session ends after this transaction. With PIPELINING, QUIT then
         goes out in the same write as the end of data (``session.quit_sent``), as
-        Postfix's client pipelines it; the caller reads its reply.
+        Postfix's client pipelines it; the caller ends the session (``end_session``:
+        the reply is read only without ``smtp_skip_quit_response``).
         """
         try:
             return await self._steps(att, session, wire, last)
