@@ -36,7 +36,9 @@ Theory of operation (one request):
 
 Connection cache (notes §10.2): with the request's LOAD flag (or for
 ``smtp_connection_cache_destinations``) an idle session for the same nexthop
-label, endpoint and SASL user is taken from the cache and probed with RSET;
+label, endpoint and SASL user is taken from the cache and probed with RSET
+(pipelined with the envelope when the server offers PIPELINING; a session that
+fails its probe is closed and the next one, or a new connection, is used);
 with STORE a good session is returned to the cache instead of QUIT, unless it
 is older than ``smtp_connection_reuse_time_limit``, was reused
 ``smtp_connection_reuse_count_limit`` times, or uses TLS while
@@ -57,7 +59,6 @@ from collections.abc import Callable
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
 from qmgrd.delivery.attempt import Attempt
 from qmgrd.delivery.cache import CallLater, ConnectionCache
-from qmgrd.delivery.client import ReplyError
 from qmgrd.delivery.mx import (
     Destination,
     DnsFailure,
@@ -71,7 +72,7 @@ from qmgrd.delivery.sasl import SaslClient
 from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats, end_session
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient
-from qmgrd.delivery.transaction import Transaction, check_addresses
+from qmgrd.delivery.transaction import StaleSession, Transaction, check_addresses
 from qmgrd.errors import ConfigError
 from qmgrd.log import get_logger
 
@@ -229,36 +230,43 @@ class SmtpAgent:
             )
             t0 = self.clock()
             self.usage.used(ep, t0)  # tried, whatever the outcome: the next one goes elsewhere
-            session = await self._take_cached(dest.label, ep, users[ep]) if load else None
-            if session is None:
+            reused = load and await self._reuse(att, dest.label, ep, users[ep], wire, store)
+            if not reused:
                 creds = self.sasl.credentials(sender, dest, ep)
                 opened = await self.connector.open(ep, dest, policy, creds)
+                att.setup_time += self.clock() - t0
                 if isinstance(opened, Failure):
-                    att.setup_time += self.clock() - t0
                     att.fail_pending(opened, final=final)
                     if last_addr:
                         return
                     continue
-                session = opened
-            att.setup_time += self.clock() - t0
+                await self._transact(att, opened, wire, store=store, probe=False)
             sessions += 1
-            t1 = self.clock()
-            try:
-                keep = store and self._may_reuse(session)
-                reusable = await self.transaction.run(att, session, wire, last=not keep)
-            except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
-                session.close()
-                raise
-            att.xfer_time += self.clock() - t1
-            if reusable and keep and not session.quit_sent and self._may_reuse(session):
-                session.reuse_count += 1
-                self.cache.store(session.key, session)
-            elif reusable:
-                await self._quit(session)
-            else:
-                session.close()
             if last_addr or (s.mx_session_limit > 0 and sessions >= s.mx_session_limit):
                 return
+
+    async def _transact(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], *, store: bool, probe: bool
+    ) -> None:
+        """The transaction on ``session``, then cache it, QUIT it or close it.
+
+        ``StaleSession`` (a cached session failed its probe) goes to the caller.
+        """
+        t1 = self.clock()
+        try:
+            keep = store and self._may_reuse(session)
+            reusable = await self.transaction.run(att, session, wire, last=not keep, probe=probe)
+        except BaseException:  # stale, cancelled (shutdown) or a bug: never leak the socket
+            session.close()
+            raise
+        att.xfer_time += self.clock() - t1
+        if reusable and keep and not session.quit_sent and self._may_reuse(session):
+            session.reuse_count += 1
+            self.cache.store(session.key, session)
+        elif reusable:
+            await self._quit(session)
+        else:
+            session.close()
 
     def _user(self, sender: str, dest: Destination, ep: Endpoint) -> str:
         creds = self.sasl.credentials(sender, dest, ep)
@@ -272,23 +280,26 @@ class SmtpAgent:
     def _has_cached(self, label: str, ep: Endpoint, user: str) -> bool:
         return any(key in self.cache for key in self._keys(label, ep, user))
 
-    async def _take_cached(self, label: str, ep: Endpoint, user: str) -> Session | None:
-        """A cached session for this endpoint and user that answers RSET, or None."""
+    async def _reuse(
+        self,
+        att: Attempt,
+        label: str,
+        ep: Endpoint,
+        user: str,
+        wire: dict[int, bytes],
+        store: bool,
+    ) -> bool:
+        """The transaction on a cached session for this endpoint and user, probed with RSET
+        (``Transaction.run(probe=True)``); False when no cached session passed its probe."""
         for key in self._keys(label, ep, user):
-            while True:
-                session = self.cache.take(key)
-                if session is None:
-                    break
+            while (session := self.cache.take(key)) is not None:
                 try:
-                    response = await session.conn.command(b"RSET\r\n", self.settings.rset_timeout)
-                except (TimeoutError, ReplyError, OSError):
-                    session.close()
-                    continue
-                if response.code == 250:
-                    self.stats.reused += 1
-                    return session
-                session.close()
-        return None
+                    await self._transact(att, session, wire, store=store, probe=True)
+                except StaleSession:
+                    continue  # closed by _transact; nothing was recorded
+                self.stats.reused += 1
+                return True
+        return False
 
     def _may_reuse(self, session: Session) -> bool:
         s = self.settings
