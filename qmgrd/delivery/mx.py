@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 MX_HOST_LIMIT = 50  # MX hosts whose addresses one lookup may resolve, whatever the answer holds
+LITERAL_CACHE_LIMIT = 4096  # destinations remembered as "an address" or "a name" per resolver
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +161,19 @@ class MxResolver:
         # Answers are cached for their TTL: a busy destination is looked up once per TTL,
         # not once per delivery.
         self._resolver.cache = dns.resolver.LRUCache(4096)
+        # A destination that is an address resolves to itself: parsed once, not per delivery.
+        self._literal: dict[Destination, Endpoint | None] = {}
 
     async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
         """Resolve one destination to the addresses to try, best first."""
-        if _is_address(dest.host):
-            return [Endpoint(dest.host, dest.host, dest.port)]
+        if dest not in self._literal:
+            if len(self._literal) >= LITERAL_CACHE_LIMIT:
+                self._literal.clear()
+            address = _is_address(dest.host)
+            self._literal[dest] = Endpoint(dest.host, dest.host, dest.port) if address else None
+        literal = self._literal[dest]
+        if literal is not None:
+            return [literal]
         if self._setup_error is not None:
             return DnsFailure("4.4.3", self._setup_error)
         if not dest.mx:

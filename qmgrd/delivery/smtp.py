@@ -78,6 +78,8 @@ from qmgrd.log import get_logger
 
 __all__ = ["SmtpAgent", "SmtpStats", "dsn_param", "reply_dsn", "xtext"]
 
+ROUTE_CACHE_LIMIT = 4096  # nexthops whose parsed route an agent remembers
+
 
 class SmtpAgent:
     """Deliver entries over SMTP, with MX fallback, TLS, AUTH and a connection cache."""
@@ -135,6 +137,7 @@ class SmtpAgent:
             if (settings.fallback_relay)
             else ()
         )
+        self._routes: dict[str, tuple[Destination, ...] | str] = {}  # nexthop -> _route()
         self.cache: ConnectionCache[Session] = ConnectionCache(
             ttl=settings.connection_cache_time_limit,
             closer=self._quit,
@@ -169,16 +172,29 @@ class SmtpAgent:
         wire = check_addresses(att, self.settings.outbound.address)
         if wire is None or not att.pending:
             return
-        try:
-            dests = parse_nexthop(att.request.nexthop)
-        except ConfigError as exc:
-            att.fail_pending(Failure("4.3.5", f"bad nexthop: {exc}"))
+        route = self._route(att.request.nexthop)
+        if isinstance(route, str):
+            att.fail_pending(Failure("4.3.5", f"bad nexthop: {route}"))
             return
-        route = dests + tuple(d for d in self.fallback if d not in dests)
         for number, dest in enumerate(route, start=1):
             if not att.pending:
                 return
             await self._try_destination(att, dest, wire, final=number == len(route))
+
+    def _route(self, nexthop: str) -> tuple[Destination, ...] | str:
+        """The destinations to try for ``nexthop`` (then the fallback relays), or why the
+        nexthop is unusable; parsed once per nexthop (the syntax cannot change)."""
+        route = self._routes.get(nexthop)
+        if route is None:
+            try:
+                dests = parse_nexthop(nexthop)
+                route = dests + tuple(d for d in self.fallback if d not in dests)
+            except ConfigError as exc:
+                route = str(exc)
+            if len(self._routes) >= ROUTE_CACHE_LIMIT:
+                self._routes.clear()
+            self._routes[nexthop] = route
+        return route
 
     def _caching(self, request: DeliveryRequest, dest: Destination) -> tuple[bool, bool]:
         """(load, store) for this destination (notes §10.2)."""
