@@ -116,13 +116,17 @@ class ReplyParser:
                 sep = line[3:4]
                 if not line[:3].isdigit() or sep not in (b" ", b"-", b""):
                     raise ReplyError("malformed reply line")
-                self._lines.append(line)
                 if sep == b"-":
+                    self._lines.append(line)
                     if len(self._lines) >= self.line_count_limit:
                         raise ReplyError(f"reply longer than {self.line_count_limit} lines")
                     continue
-                lines, self._lines = self._lines, []
-                text = b"\n".join(part[4:] for part in lines)
+                if self._lines:  # the last line of a multi-line reply
+                    lines, self._lines = self._lines, []
+                    lines.append(line)
+                    text = b"\n".join([part[4:] for part in lines])
+                else:  # most replies are one line
+                    text = line[4:]
                 return Reply(int(line[:3]), text.decode("utf-8", "surrogateescape"))
         except ReplyError as exc:
             self._error = exc

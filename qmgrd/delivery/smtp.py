@@ -196,10 +196,12 @@ class SmtpAgent:
             self._routes[nexthop] = route
         return route
 
-    def _caching(self, request: DeliveryRequest, dest: Destination) -> tuple[bool, bool]:
-        """(load, store) for this destination (notes §10.2)."""
+    def _caching(
+        self, request: DeliveryRequest, dest: Destination, label: str
+    ) -> tuple[bool, bool]:
+        """(load, store) for this destination, ``label`` being its label (notes §10.2)."""
         s = self.settings
-        always = dest.label in s.connection_cache_destinations or (
+        always = label in s.connection_cache_destinations or (
             dest.host in s.connection_cache_destinations
         )
         if always:
@@ -212,12 +214,13 @@ class SmtpAgent:
         self, att: Attempt, dest: Destination, wire: dict[int, bytes], *, final: bool
     ) -> None:
         s = self.settings
+        label = dest.label
         policy = self.tls.policy_for(dest)
         if isinstance(policy, Failure):
-            self._log.warning(f"TLS policy lookup for {dest.label}: unusable entry")
+            self._log.warning(f"TLS policy lookup for {label}: unusable entry")
             att.fail_pending(policy, final=final)
             return
-        load, store = self._caching(att.request, dest)
+        load, store = self._caching(att.request, dest, label)
         t0 = self.clock()
         found = await self.resolver.lookup(dest)
         att.setup_time += self.clock() - t0
@@ -233,7 +236,7 @@ class SmtpAgent:
             cached = [
                 ep
                 for ep in endpoints
-                if ep.pref == best and self._has_cached(dest.label, ep, users[ep])
+                if ep.pref == best and self._has_cached(label, ep, users[ep])
             ]
             if cached:
                 endpoints = cached + [ep for ep in endpoints if ep not in cached]
@@ -246,7 +249,7 @@ class SmtpAgent:
             )
             t0 = self.clock()
             self.usage.used(ep, t0)  # tried, whatever the outcome: the next one goes elsewhere
-            reused = load and await self._reuse(att, dest.label, ep, users[ep], wire, store)
+            reused = load and await self._reuse(att, label, ep, users[ep], wire, store)
             if not reused:
                 creds = self.sasl.credentials(sender, dest, ep)
                 opened = await self.connector.open(ep, dest, policy, creds)

@@ -45,6 +45,7 @@ in one write, and the final reply is awaited ``smtp_data_done_timeout``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from qmgrd.delivery.agent import DeliveryRequest
@@ -56,6 +57,7 @@ from qmgrd.delivery.session import Session, broken, run_command
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import InvariantError
 
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # bytes no address may carry on the wire
 CONTENT_CHUNK = 256 * 1024  # bytes per content read: bounds a delivery's buffers
 
 
@@ -70,7 +72,7 @@ class ContentError(Exception):
 def wire_address(address: str, smtputf8: bool) -> bytes | str:
     """The address's bytes as received, or why it cannot be sent as is."""
     raw = address.encode("utf-8", "surrogateescape")
-    if any(b < 0x20 or b == 0x7F for b in raw):
+    if _CONTROL.search(raw):
         return "it contains a control character"
     try:
         raw.decode("utf-8")
