@@ -17,6 +17,7 @@ import pytest
 from qmgrd.config import load_config
 from qmgrd.daemon.assemble import create_agents
 from qmgrd.delivery.agent import DeliveryResult, Outcome
+from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.smtp import SmtpAgent
 from tests.integration.sinks import make_request
 from tests.support.scripted import FAST, Handler, read_line, scripted
@@ -79,12 +80,8 @@ async def _deliver(agent: SmtpAgent, nexthop: str) -> DeliveryResult:
     return await agent.deliver(make_request(nexthop, ["r@dst.test"]))
 
 
-@pytest.mark.parametrize("ehlo", [EHLO_PIPELINING, EHLO_PLAIN], ids=["pipelining", "plain"])
-async def test_skip_quit_response_yes_closes_without_waiting(ehlo: bytes) -> None:
-    """The default: QUIT goes out and the session closes at once, though QUIT is never answered."""
-    ends = _Ends()
-    settings = dataclasses.replace(FAST, quit_timeout=300.0)
-    assert settings.skip_quit_response  # Postfix's default
+async def _deliver_and_close(ehlo: bytes, ends: _Ends, settings: SmtpSettings) -> DeliveryResult:
+    """One delivery (bounded) and the agent closed; returns once the server saw the close."""
     async with scripted(_server(ehlo, ends)) as srv:
         agent = SmtpAgent(settings)
         try:
@@ -92,6 +89,16 @@ async def test_skip_quit_response_yes_closes_without_waiting(ehlo: bytes) -> Non
         finally:
             await agent.close()
         await asyncio.wait_for(ends.closed.wait(), TIMEOUT)
+    return result
+
+
+@pytest.mark.parametrize("ehlo", [EHLO_PIPELINING, EHLO_PLAIN], ids=["pipelining", "plain"])
+async def test_skip_quit_response_yes_closes_without_waiting(ehlo: bytes) -> None:
+    """The default: QUIT goes out and the session closes at once, though QUIT is never answered."""
+    ends = _Ends()
+    settings = dataclasses.replace(FAST, quit_timeout=300.0)
+    assert settings.skip_quit_response  # Postfix's default
+    result = await _deliver_and_close(ehlo, ends, settings)
     assert ends.quit_read.is_set() and not ends.answer.is_set()
     assert (result.recipients[0].outcome, result.hop) == (Outcome.SENT, None)
 
@@ -121,13 +128,7 @@ async def test_skip_quit_response_no_gives_up_at_smtp_quit_timeout() -> None:
     """With ``no`` a server that never answers QUIT costs ``smtp_quit_timeout``, then closes."""
     ends = _Ends()
     settings = dataclasses.replace(FAST, quit_timeout=0.3, skip_quit_response=False)
-    async with scripted(_server(EHLO_PLAIN, ends)) as srv:
-        agent = SmtpAgent(settings)
-        try:
-            result = await asyncio.wait_for(_deliver(agent, srv.nexthop), BOUND)
-        finally:
-            await agent.close()
-        await asyncio.wait_for(ends.closed.wait(), TIMEOUT)
+    result = await _deliver_and_close(EHLO_PLAIN, ends, settings)
     assert not ends.answer.is_set()
     assert (result.recipients[0].outcome, result.hop) == (Outcome.SENT, None)
 

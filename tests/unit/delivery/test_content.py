@@ -11,7 +11,7 @@ from aiosmtplib.protocol import normalize_message_line_endings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qmgrd.delivery.agent import DeliveryRequest, Recipient
+from qmgrd.delivery.agent import ContentSource, DeliveryRequest, Recipient
 from qmgrd.delivery.client import Reply
 from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
 from qmgrd.delivery.mx import Endpoint
@@ -112,21 +112,26 @@ def _session(protocol: _Connection) -> Session:
     return Session(protocol, Endpoint("mx", "127.0.0.1", 25), "mx", False, 0.0)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("chunks", [1, 3])
-async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
-    """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
-    content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
-    size = len(content) // chunks + 1
-    protocol = _Connection()
+async def _send(protocol: _Connection, content: ContentSource) -> Reply:
+    """The transaction's content phase for ``content`` over ``protocol``."""
     request = DeliveryRequest(
         queue_id="Q1",
         transport="smtp",
         nexthop="mx",
         sender="s@x",
         recipients=(Recipient("r@x", offset=0),),
-        content=_Chunked(content, size),
+        content=content,
     )
-    reply = await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+    return await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
+    """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
+    content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
+    size = len(content) // chunks + 1
+    protocol = _Connection()
+    reply = await _send(protocol, _Chunked(content, size))
     assert reply.code == 250
     assert len(protocol.writes) == chunks
     assert protocol.writes[-1].endswith(b"\r\n.\r\n")
@@ -170,15 +175,7 @@ async def test_a_100_kb_message_is_one_read_and_one_write() -> None:
     """The transaction reads the content in big chunks: 100 KB is one read and one write."""
     content = _Recording(b"Subject: x\r\n\r\n" + (b"x" * 78 + b"\r\n") * 1280, [])
     protocol = _Connection()
-    request = DeliveryRequest(
-        queue_id="Q1",
-        transport="smtp",
-        nexthop="mx",
-        sender="s@x",
-        recipients=(Recipient("r@x", offset=0),),
-        content=content,
-    )
-    reply = await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+    reply = await _send(protocol, content)
     assert reply.code == 250
     assert content.asked == [CONTENT_CHUNK] and CONTENT_CHUNK >= 100 * 1024
     assert len(protocol.writes) == 1
