@@ -230,8 +230,9 @@ class SmtpAgent:
             return
         sender = att.request.sender
         users = {ep: self._user(sender, dest, ep) for ep in found}
-        endpoints = self.usage.spread(found) if s.randomize_addresses else found
-        if load and endpoints:
+        several = len(found) > 1  # one address (a smarthost, a sink) has no order to choose
+        endpoints = self.usage.spread(found) if s.randomize_addresses and several else found
+        if load and several:
             best = endpoints[0].pref
             cached = [
                 ep
