@@ -20,9 +20,10 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   Postfix's order).
 - A load moves the file to ``active/``, forgets the defer log of the last pass
   (notes §9) and looks for bounce reasons (none for a message a listener has
-  just committed: ``enqueue`` with its flow facts; its id is new), parses the envelope and registers the message with the scheduler
-  (IN_CORE) with its fairness flow (``qmgrd.daemon.flows``). A file that
-  cannot be parsed (or whose parse fails in any way) goes to ``corrupt/``; one
+  just committed: ``enqueue`` with its flow facts; its id is new), parses the
+  envelope and registers the message with the scheduler (IN_CORE) with its
+  fairness flow (``qmgrd.daemon.flows``). A file that cannot be parsed (or
+  whose parse fails in any way) goes to ``corrupt/``; one
   that vanished (an operator took it) is forgotten; a disk error leaves it
   where it was, to be loaded again. A system error while opening the moved
   file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
