@@ -68,13 +68,8 @@ def test_prefetch_equals_a_read(
         assert got == want
 
 
-async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The first read request of a message is answered from the read-ahead by the engine's
-    pass itself: no read task, and the file's recipients are read once (by the load)."""
-    agent = FakeAgent()
-    engine, spool, clock = create_test_engine(tmp_path, agent)
+def _count_read_tasks(monkeypatch: pytest.MonkeyPatch) -> list[ReadRequest]:
+    """The read requests answered by ``Loader.read`` (a task each), from now on."""
     reads: list[ReadRequest] = []
     plain_read = Loader.read
 
@@ -83,6 +78,17 @@ async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
         await plain_read(self, request)
 
     monkeypatch.setattr(Loader, "read", counted)
+    return reads
+
+
+async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first read request of a message is answered from the read-ahead by the engine's
+    pass itself: no read task, and the file's recipients are read once (by the load)."""
+    agent = FakeAgent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    reads = _count_read_tasks(monkeypatch)
     file_reads: list[int] = []
     plain_file_read = QueueFile.read_recipients
 
@@ -108,14 +114,7 @@ async def test_a_read_beyond_the_read_ahead_still_takes_a_task(
     agent = FakeAgent()
     engine, spool, clock = create_test_engine(tmp_path, agent)
     monkeypatch.setattr(loading, "_prefetch", lambda qf: _prefetch(qf, 2))
-    reads: list[ReadRequest] = []
-    plain_read = Loader.read
-
-    async def counted(self: Loader, request: ReadRequest) -> None:
-        reads.append(request)
-        await plain_read(self, request)
-
-    monkeypatch.setattr(Loader, "read", counted)
+    reads = _count_read_tasks(monkeypatch)
     rcpts = [f"r{i}@y.test" for i in range(5)]
     qid = submit(spool, clock, "s@x.test", rcpts)
     task = await run_until_idle(engine)
