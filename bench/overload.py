@@ -49,6 +49,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -104,7 +105,7 @@ async def _message(port: int, n: int) -> str:
             writer.write(line + b"\r\n")
             reply = await _reply(reader)
             if reply.startswith(b"421"):
-                return "refused"
+                return "refused late"  # after the session's start: its work so far wasted
             if not reply.startswith(b"250"):
                 return "other"
         writer.write(b"DATA\r\n")
@@ -279,6 +280,63 @@ def _lag_lines(when: str, before: dict[str, float], after: dict[str, float]) -> 
         )
 
 
+_LOG_LINE = re.compile(rb"^.*? (\S+?)\[\d+\]: (?:[0-9A-Za-z]{10,}: )?(.*)$")
+_LOG_KIND = re.compile(rb"^(warning: |error: )?([A-Za-z][A-Za-z :]*?)(?=[=,(\[<]|:? \S*[0-9\[=]|$)")
+
+
+def _log_lines(maillog: Path, start: int, end: int) -> None:
+    """Log lines written between two offsets of the maillog: per process and per kind."""
+    with maillog.open("rb") as f:
+        f.seek(start)
+        text = f.read(max(0, end - start))
+    kinds: dict[tuple[bytes, bytes], int] = {}
+    lines = text.splitlines()
+    for line in lines:
+        m = _LOG_LINE.match(line[:300])
+        program, message = (m.group(1), m.group(2)) if m else (b"?", line[:40])
+        k = _LOG_KIND.match(message)
+        kind = (k.group(1) or b"") + k.group(2) if k else message[:30]
+        kinds[(program, kind)] = kinds.get((program, kind), 0) + 1
+    top = sorted(kinds.items(), key=lambda kv: -kv[1])[:8]
+    print(
+        f"maillog during overload: {len(lines)} lines, {len(text) / 1024:.0f} KiB; most: "
+        + "; ".join(f"{p.decode()} {k.decode().strip()!r} {n}" for (p, k), n in top)
+    )
+
+
+def _timeline(port: int, start: dict[str, float], duration: float, step: float) -> None:
+    """Sleep ``duration``; with ``step`` > 0 print the relay's state every ``step`` seconds."""
+    if step <= 0:
+        time.sleep(duration)
+        return
+    end, prev, t_prev = time.monotonic() + duration, start, time.monotonic()
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(step, left))
+        now, t_now = scrape(port), time.monotonic()
+        span = t_now - t_prev
+        msgs = "qmgrd_smtpd_messages_total"
+        line = (
+            f"  t+{duration - max(0.0, end - t_now):4.0f}s: delivered "
+            f"{(sent(now) - sent(prev)) / span:4.0f}/s, accepted "
+            f"{(now.get(msgs, 0) - prev.get(msgs, 0)) / span:4.0f}/s, in core "
+            f"{now.get('qmgrd_messages_in_core', 0):.0f} + waiting "
+            f"{now.get('qmgrd_messages_waiting', 0):.0f}, qm lag p99 "
+            f"{lag_quantiles(prev, now)[1] * 1000:.0f} ms"
+        )
+        for worker in workers(now):
+            w99 = lag_quantiles(
+                prev, now, "qmgrd_smtpd_worker_event_loop_lag_seconds", f',worker="{worker}"'
+            )[1]
+            label = '{worker="' + worker + '"}'
+            line += (
+                f"; w{worker} sessions {now.get('qmgrd_smtpd_worker_sessions' + label, 0):.0f}"
+                f" cap {now.get('qmgrd_smtpd_worker_session_cap' + label, 0):.0f}"
+                f" lag p99 {w99 * 1000:.0f} ms"
+            )
+        print(line, flush=True)
+        prev, t_prev = now, t_now
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both phases and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -295,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="smtpd_worker_processes (0/1: listener in process, N or auto: N workers; "
         "default: main.cf's default)",
+    )
+    parser.add_argument(
+        "--timeline", type=float, default=10.0, help="seconds between state lines (0: none)"
     )
     args = parser.parse_args(argv)
     if args.smtpd_workers is not None:
@@ -357,10 +418,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 w3 = run_waits(relay.pid)
+                log3 = (root / "maillog").stat().st_size
                 gen.start()
-                time.sleep(args.duration)
+                _timeline(metrics_port, m3, args.duration, args.timeline)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 w4 = run_waits(relay.pid)
+                log4 = (root / "maillog").stat().st_size
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
@@ -369,9 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             _lag_lines("during overload", m3, m4)
             print(_wait_line("during overload", w3, w4, t4 - t3))
             _ping("under overload", probe)
+            _log_lines(root / "maillog", log3, log4)
+            late = over_counts.get("refused late", 0)
+            refused = over_counts.get("refused", 0) + late
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "
-                f"{over_counts.get('accepted', 0)}, 421 {over_counts.get('refused', 0)}, other "
+                f"{over_counts.get('accepted', 0)}, 421 {refused} ({late} of them after the "
+                f"greeting), other "
                 f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
                 f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}"
             )

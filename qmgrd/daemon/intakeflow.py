@@ -25,9 +25,10 @@ listeners run out of tokens and each new message waits up to
 ``limit`` messages per ``in_flow_delay`` at most, as in Postfix.
 
 New sessions are also held to a cap learned from the loop's lag
-(``qmgrd.core.sessioncap``, updated every tick): past ``in_flow_lag_limit``
-it drops to three quarters of the live sessions, and grows back while the
-loop keeps up. Sessions over the cap get 421 4.3.2 at connect.
+(``qmgrd.core.sessioncap``, updated every tick with the worst lag of the
+tick's window): past half of ``in_flow_lag_limit`` it drops to four fifths
+of the live sessions, and grows back while the loop keeps up. Sessions over
+the cap get 421 4.3.2 at connect.
 
 Capacity (:meth:`IntakeRegulator.overloaded`, the 421 4.3.2 refusals) is
 measured, not guessed; the relay is over capacity when either
@@ -204,7 +205,7 @@ class ProcessRegulator:
 
     def _on_tick(self) -> None:
         self._refill()
-        self.cap.update(self.lag.clock(), self.lag.now(), self.sessions())
+        self.cap.update(self.lag.clock(), self.lag.take_worst(), self.sessions())
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:

@@ -50,11 +50,41 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "TokenGate"]
+__all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "RefusalNotes", "TokenGate"]
 
 OVERLOAD_REPLY = "421 4.3.2 Service currently unavailable"
 _READ_MAX = 4096  # bytes (tokens) taken from the pipe per wake-up at most
 _NOTE_INTERVAL = 1.0  # seconds between log lines about refusals
+
+
+class RefusalNotes:
+    """Refusals counted one by one and logged as one line with a count, one a second at most.
+
+    Under overload hundreds of connections a second are refused; one log
+    line each would spend the CPU the refusals are meant to save (Postfix
+    logs one warning per throttled event class, not one per client).
+    """
+
+    __slots__ = ("_clock", "_noted", "_unnoted")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._noted: float | None = None  # when the last line was logged
+        self._unnoted = 0  # refusals since
+
+    def add(self) -> None:
+        """Count one refusal."""
+        self._unnoted += 1
+
+    def take(self) -> int:
+        """Refusals to log now: all since the last line, at most one line per second; else 0."""
+        if not self._unnoted:
+            return 0
+        now = self._clock()
+        if self._noted is not None and 0 <= now - self._noted < _NOTE_INTERVAL:
+            return 0
+        count, self._unnoted, self._noted = self._unnoted, 0, now
+        return count
 
 
 class IntakeGate(Protocol):
@@ -98,11 +128,9 @@ class TokenGate:
     """Tokens from the queue manager's pipe, capacity from ``overloaded`` (module doc)."""
 
     __slots__ = (
-        "_clock",
         "_loop",
-        "_noted",
+        "_notes",
         "_reading",
-        "_unnoted",
         "_waiters",
         "delay",
         "fd",
@@ -124,9 +152,7 @@ class TokenGate:
     ) -> None:
         """``fd``: the pipe's read end (made non-blocking here); ``delay``: in_flow_delay."""
         os.set_blocking(fd, False)
-        self._clock = clock
-        self._noted = -_NOTE_INTERVAL  # when the last refusal was logged
-        self._unnoted = 0  # refusals since
+        self._notes = RefusalNotes(clock)  # the log line's count (note_refusals)
         self.fd = fd
         self.delay = delay
         self.overloaded = overloaded
@@ -147,19 +173,12 @@ class TokenGate:
 
     def _refuse(self) -> None:
         self.refused += 1
-        self._unnoted += 1
+        self._notes.add()
 
     def note_refusals(self) -> int:
-        """Refusals to log now: all since the last line, at most one line per second; else 0.
-
-        Under overload hundreds of connections a second are refused; one log
-        line each would spend the CPU the refusals are meant to save.
-        """
-        now = self._clock()
-        if not self._unnoted or now - self._noted < _NOTE_INTERVAL:
-            return 0
-        count, self._unnoted, self._noted = self._unnoted, 0, now
-        return count
+        """Refusals to log now: all since the last line, at most one line per second; else 0
+        (:class:`RefusalNotes`)."""
+        return self._notes.take()
 
     async def admit_message(self) -> bool:
         """Capacity first, then a token (waiting at most ``delay``); see the module doc."""

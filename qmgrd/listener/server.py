@@ -8,7 +8,10 @@ that admission is decided before a session exists:
   ``421 4.3.2 Service currently unavailable`` and is closed (Postfix's smtpd
   answers so when it cannot serve; its master would leave the client
   waiting at its process limit, which under a flood of idle connections
-  means every new client waits);
+  means every new client waits); logged with a count, one line a second at
+  most (``inflow.RefusalNotes``);
+- over capacity (the regulator's gate, ``ListenerContext.inflow``): the same
+  reply;
 - a client address (outside ``smtpd_client_event_limit_exceptions``, by
   default mynetworks) with ``smtpd_client_connection_count_limit`` live
   sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
@@ -16,6 +19,16 @@ that admission is decided before a session exists:
   listener worker process the count is the queue manager's, over every
   worker (``ListenerContext.anvil``, ``qmgrd.listener.limits.SharedCounts``),
   asked before the session starts.
+
+A refusal for capacity costs as little as it can: one ``send`` of the
+reply line before any session, TLS or banner, then ``close``. A listener that
+refused for capacity also stops watching that socket for ``REFUSE_HOLD``
+seconds (several listener processes share each listening socket: the
+connections go meanwhile to one that has room), then answers every client
+waiting in it, ``ACCEPT_DRAIN`` at most, in one go (admitted if there is room
+again, refused otherwise): a refused client waits ``REFUSE_HOLD`` plus the
+loop's lag at most, and a flood costs one wake-up per hold, not one per
+connection in every process.
 
 The cap is also kept within the process's open-file limit: a session may
 hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
@@ -37,7 +50,6 @@ new sessions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import resource
 import socket
@@ -50,7 +62,7 @@ from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
-from qmgrd.listener.inflow import OVERLOAD_REPLY
+from qmgrd.listener.inflow import OVERLOAD_REPLY, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -59,6 +71,9 @@ from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
 ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
+ACCEPT_DRAIN = 256  # connections answered at most when a hold ends
+REFUSE_HOLD = 0.02  # seconds a listener that refused for capacity leaves its socket alone
+_UNAVAILABLE = OVERLOAD_REPLY.encode("ascii") + b"\r\n"
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -72,6 +87,7 @@ class ListenerHandle:
     __slots__ = (
         "_accept_batch",
         "_fd_cap",
+        "_limited",
         "_loop",
         "_sockets",
         "_tasks",
@@ -98,6 +114,7 @@ class ListenerHandle:
         self.owns_shared = True  # wait_closed closes the committer and password pool
         self._accept_batch = ACCEPT_BATCH
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
 
     def _check_cap(self, settings: ListenerSettings) -> None:
@@ -139,17 +156,32 @@ class ListenerHandle:
         self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _on_readable(self, sock: socket.socket) -> None:
-        for _ in range(self._accept_batch):
+        self._accept(sock, self._accept_batch)
+
+    def _accept(self, sock: socket.socket, count: int) -> None:
+        """Accept up to ``count`` connections; after a refusal for capacity, hold (module doc)."""
+        full = False
+        for _ in range(count):
             try:
                 conn, peer = sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
                 if exc.errno in _OUT_OF_RESOURCES:
                     self._pause(sock, exc)
                     return
                 continue  # ECONNABORTED and the like: that client is gone
-            self._admit(conn, str(peer[0]) if peer else "unknown")
+            if not self._admit(conn, str(peer[0]) if peer else "unknown"):
+                full = True
+        if full:
+            self._loop.remove_reader(sock.fileno())
+            self._loop.call_later(REFUSE_HOLD, self._drain, sock)
+
+    def _drain(self, sock: socket.socket) -> None:
+        """After a hold: watch the socket again, and answer every client waiting in it."""
+        if sock.fileno() >= 0:  # not closed meanwhile
+            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+            self._accept(sock, ACCEPT_DRAIN)
 
     def _pause(self, sock: socket.socket, exc: OSError) -> None:
         get_logger("smtpd").warning(
@@ -164,37 +196,43 @@ class ListenerHandle:
         if sock.fileno() >= 0:  # not closed meanwhile
             self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
-    def _admit(self, conn: socket.socket, addr: str) -> None:
+    def _admit(self, conn: socket.socket, addr: str) -> bool:
+        """Start a session for ``conn``, or refuse it; False: refused for lack of capacity."""
         settings = self.settings
-        counters = self.ctx.counters
-        log = get_logger("smtpd")
-        client = f"unknown[{addr}]"
-        self.ctx.observer.connected()
+        ctx = self.ctx
+        counters = ctx.counters
+        ctx.observer.connected()
         if counters.total >= min(settings.session_limit, self._fd_cap):
-            log.warning(
-                "session limit reached: connection refused",
-                client=client,
-                smtpd_session_limit=min(settings.session_limit, self._fd_cap),
-            )
-            _refuse(conn, "421 4.3.2 Service currently unavailable")
-            self.ctx.observer.rejected("limits")
-            return
-        if not self.ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
-            if count := self.ctx.inflow.note_refusals():
-                log.warning("over capacity: connections refused", client=client, count=count)
-            _refuse(conn, OVERLOAD_REPLY)
-            self.ctx.observer.rejected("limits")
-            return
+            _refuse(conn, _UNAVAILABLE)
+            ctx.observer.rejected("limits")
+            self._limited.add()
+            if count := self._limited.take():
+                get_logger("smtpd").warning(
+                    "session limit reached: connection refused",
+                    client=f"unknown[{addr}]",
+                    smtpd_session_limit=min(settings.session_limit, self._fd_cap),
+                    count=count,
+                )
+            return False
+        if not ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
+            _refuse(conn, _UNAVAILABLE)
+            ctx.observer.rejected("limits")
+            if count := ctx.inflow.note_refusals():
+                get_logger("smtpd").warning(
+                    "over capacity: connections refused", client=f"unknown[{addr}]", count=count
+                )
+            return False
         limit = settings.client_connection_limit
         limited = limit > 0 and not settings.limit_exempt(addr)
         anvil = self.ctx.anvil if limited else None
         if limited and anvil is None and counters.sessions(addr) >= limit:
             self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
-            return
+            return True  # that client's limit, not this listener's capacity
         counters.connect(addr)
         task = self._loop.create_task(self._serve(conn, addr, settings, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     def _refuse_concurrency(
         self, conn: socket.socket, addr: str, count: int, settings: ListenerSettings
@@ -308,11 +346,18 @@ def fd_session_cap(nofile: int) -> int:
     return max(1, (nofile - _FD_RESERVE) // 2)
 
 
-def _refuse(conn: socket.socket, reply: str) -> None:
-    """Send one reply line to a connection we will not serve, and close it."""
-    with contextlib.suppress(OSError):
+def _refuse(conn: socket.socket, reply: str | bytes) -> None:
+    """Send one reply line to a connection we will not serve, and close it.
+
+    The cheapest answer there is: no TLS, no banner, no session, one
+    non-blocking send of a line that fits any socket buffer, no log line
+    (the callers count refusals and log them a second at a time).
+    """
+    try:
         conn.setblocking(False)
-        conn.send(reply.encode("ascii", "replace") + b"\r\n")
+        conn.send(reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n")
+    except OSError:
+        pass  # the client is gone already
     conn.close()
 
 

@@ -160,22 +160,25 @@ async def test_a_stall_records_the_samples_it_hid() -> None:
 
 
 async def test_the_session_cap_follows_the_loop_lag() -> None:
-    """A lagging loop lowers the cap below the live sessions: new connections are refused."""
+    """A window whose worst lag passes half the limit lowers the cap below the live sessions:
+    new connections are refused; each tick looks at the samples since the last one."""
     lag = LoopLag(interval=0.01)
     reg = _regulator(FlowSettings(lag_limit=0.04, session_limit=100), [0], [False], lag)
     reg.sessions = lambda: 50
     try:
         assert reg.gate.admit_session()
         for _ in range(30):
-            lag.observe(0.03)  # below the limit: not overloaded, the cap does not bind
+            lag.observe(0.019)  # below the target (half the limit): the cap stays
         reg._on_tick()
         assert reg.cap.limit == 100 and reg.gate.admit_session()
         for _ in range(30):
-            lag.observe(0.2)
+            lag.observe(0.001)
+        lag.observe(0.021)  # one sample over the target in the window is enough
         reg._on_tick()
-        assert reg.cap.limit == 37  # three quarters of the 50 live sessions
+        assert reg.cap.limit == 40  # four fifths of the 50 live sessions
+        assert lag.take_worst() < 0.021  # the tick took the window: a new one begins
         reg.configure(FlowSettings(lag_limit=0.5, session_limit=100))
-        assert reg.session_full() and not reg.overloaded()  # lag 0.2 < 0.5: only the cap
+        assert reg.session_full() and not reg.overloaded()  # small lag: only the cap
         assert not reg.gate.admit_session()
     finally:
         reg.stop()
