@@ -198,14 +198,18 @@ class ProcessRegulator:
 
     def session_full(self) -> bool:
         """The learned session cap is reached (``qmgrd.core.sessioncap``)."""
-        return not self.cap.admits(self.sessions())
+        return not self.cap.admits(self.live())
+
+    def live(self) -> int:
+        """Live sessions, and connections admitted whose session has not begun yet."""
+        return self.sessions() + self.gate.pending
 
     def _refill(self) -> None:
         """The queue manager's token refill (nothing in a worker)."""
 
     def _on_tick(self) -> None:
         self._refill()
-        self.cap.update(self.lag.clock(), self.lag.take_worst(), self.sessions())
+        self.cap.update(self.lag.clock(), self.lag.take_worst(), self.live())
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:

@@ -11,7 +11,11 @@ questions, each a one-line hook:
   this process's loop serves without lagging); the client gets
   ``421 4.3.2 Service currently unavailable`` (Postfix's code and
   wording) and is closed before a session exists; the log line counts
-  refusals, at most one line a second (``note_refusals``);
+  refusals, at most one line a second (``note_refusals``). True counts the
+  connection as *pending* until the listener calls ``started()`` (its
+  session began, or it ended before that): the cap compares live plus
+  pending sessions, so a burst accepted in one wake-up cannot pass it
+  before the first of its sessions has started;
 - ``await admit_message()`` at MAIL (``commands.mail``): first the same
   capacity check (False: ``421 4.3.2 ...`` and the session ends), then
   ``in_flow_delay``: the session takes one token; with none available it
@@ -49,6 +53,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
+
+from qmgrd.errors import InvariantError
 
 __all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "RefusalNotes", "TokenGate"]
 
@@ -98,6 +104,10 @@ class IntakeGate(Protocol):
         """How many refusals to report in a log line now (0: none, rate-limited)."""
         ...
 
+    def started(self) -> None:
+        """A connection ``admit_session`` admitted began its session, or ended before."""
+        ...
+
     async def admit_message(self) -> bool:
         """Pause up to ``in_flow_delay`` for a token; False: over capacity, 421 and end."""
         ...
@@ -120,6 +130,9 @@ class _OpenGate:
         """Never any."""
         return 0
 
+    def started(self) -> None:
+        """Nothing is counted."""
+
 
 OPEN_GATE: IntakeGate = _OpenGate()
 
@@ -136,6 +149,7 @@ class TokenGate:
         "fd",
         "overloaded",
         "paused",
+        "pending",
         "refused",
         "session_full",
         "timeouts",
@@ -163,13 +177,21 @@ class TokenGate:
         self.paused = 0  # messages that had to wait for a token
         self.timeouts = 0  # ... and went on without one after in_flow_delay
         self.refused = 0  # sessions and messages refused with 421 4.3.2
+        self.pending = 0  # connections admitted whose session has not begun yet
 
     def admit_session(self) -> bool:
         """False (counted) when over capacity or at this process's session cap."""
         if self.overloaded() or self.session_full():
             self._refuse()
             return False
+        self.pending += 1
         return True
+
+    def started(self) -> None:
+        """An admitted connection is no longer pending (module doc)."""
+        if self.pending < 1:
+            raise InvariantError("intake gate: started() without a pending admission")
+        self.pending -= 1
 
     def _refuse(self) -> None:
         self.refused += 1

@@ -62,7 +62,7 @@ from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
-from qmgrd.listener.inflow import OVERLOAD_REPLY, RefusalNotes
+from qmgrd.listener.inflow import OVERLOAD_REPLY, IntakeGate, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -214,10 +214,11 @@ class ListenerHandle:
                     count=count,
                 )
             return False
-        if not ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
+        gate = ctx.inflow
+        if not gate.admit_session():  # regulator: over capacity (listener.inflow)
             _refuse(conn, _UNAVAILABLE)
             ctx.observer.rejected("limits")
-            if count := ctx.inflow.note_refusals():
+            if count := gate.note_refusals():
                 get_logger("smtpd").warning(
                     "over capacity: connections refused", client=f"unknown[{addr}]", count=count
                 )
@@ -226,10 +227,11 @@ class ListenerHandle:
         limited = limit > 0 and not settings.limit_exempt(addr)
         anvil = self.ctx.anvil if limited else None
         if limited and anvil is None and counters.sessions(addr) >= limit:
+            gate.started()  # admitted by the gate, but ends here
             self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
             return True  # that client's limit, not this listener's capacity
         counters.connect(addr)
-        task = self._loop.create_task(self._serve(conn, addr, settings, anvil))
+        task = self._loop.create_task(self._serve(conn, addr, settings, gate, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
@@ -252,13 +254,15 @@ class ListenerHandle:
         conn: socket.socket,
         addr: str,
         settings: ListenerSettings,
+        gate: IntakeGate,
         anvil: SharedCounts | None = None,
     ) -> None:
-        """Serve one admitted connection; with ``anvil`` the client's count is asked there
-        first (every listener process's sessions: ``limits.SharedCounts``; no answer in
-        time: this process's count)."""
+        """Serve one connection ``gate`` admitted; with ``anvil`` the client's count is asked
+        there first (every listener process's sessions: ``limits.SharedCounts``; no answer in
+        time: this process's count). ``gate.started()`` once, when the session begins or
+        the connection ends before it."""
         if anvil is None:
-            await self._session(conn, addr, settings)
+            await self._session(conn, addr, settings, gate)
             return
         served = False
         try:
@@ -269,14 +273,17 @@ class ListenerHandle:
                 self._refuse_concurrency(conn, addr, count, settings)
                 return
             served = True
-            await self._session(conn, addr, settings)
+            await self._session(conn, addr, settings, gate)
         finally:
             if not served:  # refused, or cancelled while asking: _session's cleanup
+                gate.started()
                 conn.close()
                 self.ctx.counters.disconnect(addr)
             anvil.disconnect(addr)
 
-    async def _session(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+    async def _session(
+        self, conn: socket.socket, addr: str, settings: ListenerSettings, gate: IntakeGate
+    ) -> None:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
@@ -297,6 +304,8 @@ class ListenerHandle:
             conn.close()
             self.ctx.counters.disconnect(addr)
             return
+        finally:
+            gate.started()  # began (or never will): no longer pending
         session = Session(chan, settings, self.ctx, addr)
         self.sessions.add(session)
         self.ctx.observer.session_started()

@@ -171,6 +171,8 @@ async def test_the_session_cap_follows_the_loop_lag() -> None:
             lag.observe(0.019)  # below the target (half the limit): the cap stays
         reg._on_tick()
         assert reg.cap.limit == 100 and reg.gate.admit_session()
+        reg.gate.started()
+        reg.gate.started()  # both admitted sessions began: counted in sessions() now
         for _ in range(30):
             lag.observe(0.001)
         lag.observe(0.021)  # one sample over the target in the window is enough
@@ -182,6 +184,21 @@ async def test_the_session_cap_follows_the_loop_lag() -> None:
         assert not reg.gate.admit_session()
     finally:
         reg.stop()
+
+
+async def test_admitted_connections_count_against_the_cap_until_their_session_begins() -> None:
+    """A burst accepted in one wake-up cannot pass the cap before its sessions have begun:
+    each admission counts as pending until the listener reports ``started()``."""
+    reg = _regulator(FlowSettings(lag_limit=0.05, session_limit=30), [0], [False])
+    live = [25]
+    reg.sessions = lambda: live[0]
+    admitted = sum(reg.gate.admit_session() for _ in range(10))
+    assert admitted == 5 and reg.gate.pending == 5 and reg.session_full()
+    for _ in range(5):
+        reg.gate.started()
+    assert reg.gate.pending == 0 and not reg.session_full()
+    live[0] = 30  # they began: the owner's count has them now
+    assert reg.session_full()
 
 
 async def test_a_regulator_started_again_gets_a_fresh_full_pipe() -> None:
