@@ -23,21 +23,10 @@ is) to ``TARGET`` of that limit, an AIMD loop:
   never above ``ceiling`` (``smtpd_session_limit``);
 - otherwise it stays.
 
-Only the lag the loop makes itself is the sessions' fault. On a machine
-with more runnable threads than CPUs the loop also waits for a CPU, and
-fewer sessions would not shorten that wait: they would only cut the rate.
-So when the caller knows how much of the window the loop's thread ran
-(``busy``) and how much it waited, runnable, for a CPU (``waited``,
-Linux's schedstat), a window where it waited longer than it ran is the
-machine's: no cut, and the cap grows while it binds (the lag is no reason
-to refuse sessions the loop has the time to serve).
-
 A new connection is admitted while ``sessions < cap``; beyond, it gets
 ``421 4.3.2`` (``qmgrd.listener.inflow``). Sessions already live are never
-cut. Contract: ``update(now, worst, sessions, busy=, waited=)`` is called
-periodically with the window's worst lag (seconds) and, if known, the
-shares of the window the loop ran and waited for a CPU; nothing here reads
-a clock.
+cut. Contract: ``update(now, worst, sessions)`` is called periodically with
+the window's worst lag (seconds); nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -86,26 +75,16 @@ class SessionCap:
         """Whether one more session may start while ``sessions`` are live."""
         return self.lag_limit <= 0 or sessions < self.limit
 
-    def update(
-        self,
-        now: float,
-        worst: float,
-        sessions: int,
-        *,
-        busy: float | None = None,
-        waited: float | None = None,
-    ) -> None:
-        """Apply one window's ``worst`` lag with ``sessions`` live (``busy``, ``waited``:
-        the shares of the window the loop ran and waited for a CPU, None: unknown)."""
+    def update(self, now: float, worst: float, sessions: int) -> None:
+        """Apply one window's ``worst`` lag with ``sessions`` live."""
         if self.lag_limit <= 0:
             return
         target = self.target
-        machine = busy is not None and waited is not None and waited > busy
-        if worst > target and not machine:
+        if worst > target:
             if self._cut_at is None or not 0 <= now - self._cut_at < HOLD:
                 self.cap = max(float(self.floor), min(self.cap, sessions) * DECREASE)
                 self._cut_at = now
-        elif (worst < target / 2 or machine) and sessions >= 0.9 * self.limit:
+        elif worst < target / 2 and sessions >= 0.9 * self.limit:
             self.cap = min(float(self.ceiling), max(self.cap, self.floor) * (1 + INCREASE) + 1)
 
     def configure(self, ceiling: int, lag_limit: float) -> None:

@@ -27,10 +27,8 @@ listeners run out of tokens and each new message waits up to
 New sessions are also held to a cap learned from the loop's lag
 (``qmgrd.core.sessioncap``, updated every tick with the worst lag of the
 tick's window): past half of ``in_flow_lag_limit`` it drops to four fifths
-of the live sessions, and grows back while the loop keeps up; a window in
-which the loop's thread waited for a CPU longer than it ran (``RunWait``)
-is the machine's lag, not the sessions': it cuts nothing. Sessions over the
-cap get 421 4.3.2 at connect.
+of the live sessions, and grows back while the loop keeps up. Sessions over
+the cap get 421 4.3.2 at connect.
 
 Capacity (:meth:`IntakeRegulator.overloaded`, the 421 4.3.2 refusals) is
 measured, not guessed; the relay is over capacity when either
@@ -68,7 +66,7 @@ from prometheus_client.registry import Collector
 from qmgrd.config import Config
 from qmgrd.core.sessioncap import SessionCap
 from qmgrd.daemon.engine import Engine
-from qmgrd.daemon.looplag import LoopLag, RunWait
+from qmgrd.daemon.looplag import LoopLag
 from qmgrd.daemon.metrics import Metrics
 from qmgrd.daemon.workpool import WorkPool
 from qmgrd.listener.inflow import TokenGate
@@ -182,7 +180,6 @@ class ProcessRegulator:
         self.gate.overloaded = self.overloaded
         self.gate.session_full = self.session_full
         self.cap = SessionCap(ceiling=settings.session_limit, lag_limit=settings.lag_limit)
-        self.runwait = RunWait()  # the loop thread's run and run-queue times (the cap's)
         self.sessions: Callable[[], int] = lambda: 0  # live SMTP sessions (set by the owner)
         self._tick: asyncio.TimerHandle | None = None
 
@@ -212,16 +209,12 @@ class ProcessRegulator:
 
     def _on_tick(self) -> None:
         self._refill()
-        shares = self.runwait.take()
-        busy, waited = shares if shares is not None else (None, None)
-        worst = self.lag.take_worst()
-        self.cap.update(self.lag.clock(), worst, self.live(), busy=busy, waited=waited)
+        self.cap.update(self.lag.clock(), self.lag.take_worst(), self.live())
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:
         """Begin sampling the loop's lag and the ticks on the running loop."""
         self.lag.start()
-        self.runwait.start()
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def stop(self) -> None:
@@ -230,7 +223,6 @@ class ProcessRegulator:
             self._tick.cancel()
             self._tick = None
         self.lag.stop()
-        self.runwait.stop()
         self.gate.close()
 
 

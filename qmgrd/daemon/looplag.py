@@ -26,12 +26,6 @@ delivery's next step, the control socket's answer.
   what a listener worker sends its queue manager (``qmgrd.daemon.ipc``).
 
 ``stop()`` ends the chain. The clock is injected (``time.monotonic``).
-
-``RunWait`` tells the loop's own lag from the machine's: ``start()`` on the
-loop's thread opens that thread's ``/proc/thread-self/schedstat`` (Linux: the
-nanoseconds it ran on a CPU and waited, runnable, for one); each ``take()``
-returns the shares of the wall time since the previous one that it ran and
-waited, or None where schedstat is not available.
 """
 
 from __future__ import annotations
@@ -39,14 +33,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram
 
-__all__ = ["LAG_BUCKETS", "SMOOTHING", "LoopLag", "RunWait", "quantile"]
+__all__ = ["LAG_BUCKETS", "SMOOTHING", "LoopLag", "quantile"]
 
 LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5)
 _KEEP = 12000  # samples kept for quantiles (two minutes at the default interval)
@@ -173,54 +166,3 @@ class LoopLag:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
-
-
-class RunWait:
-    """The shares of each window the loop's thread ran and waited for a CPU (module doc)."""
-
-    __slots__ = ("_clock", "_fd", "_last", "path")
-
-    def __init__(
-        self,
-        path: str = "/proc/thread-self/schedstat",
-        *,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.path = path
-        self._clock = clock
-        self._fd: int | None = None
-        self._last: tuple[float, int, int] | None = None  # wall, ran ns, waited ns
-
-    def start(self) -> None:
-        """Open the calling thread's schedstat (call it on the loop's thread)."""
-        self.stop()
-        try:
-            self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return  # not Linux, or no schedstat: take() answers None
-        self._last = self._read()
-
-    def _read(self) -> tuple[float, int, int] | None:
-        if self._fd is None:
-            return None
-        try:
-            ran, waited = os.pread(self._fd, 128, 0).split()[:2]
-            return self._clock(), int(ran), int(waited)
-        except (OSError, ValueError):
-            return None
-
-    def take(self) -> tuple[float, float] | None:
-        """(ran, waited) as shares of the wall time since the last call; None: unknown."""
-        now, last = self._read(), self._last
-        self._last = now
-        if now is None or last is None or now[0] <= last[0]:
-            return None
-        wall = (now[0] - last[0]) * 1e9
-        return (now[1] - last[1]) / wall, (now[2] - last[2]) / wall
-
-    def stop(self) -> None:
-        """Close the file."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-            self._last = None

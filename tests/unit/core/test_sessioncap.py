@@ -99,17 +99,3 @@ def test_a_model_loop_settles_where_its_worst_lag_stays_under_the_limit(start: i
             settled.append(sessions)
     assert max(_loop_lag(n) for n in settled) <= LIMIT
     assert min(settled) >= FLOOR and max(settled) <= 60
-
-
-def test_a_loop_that_waited_for_a_cpu_longer_than_it_ran_is_not_cut() -> None:
-    """Lag from the machine (the thread waited, runnable, more than it ran) cuts nothing, and
-    the cap grows while it binds; lag the loop made itself (it ran more) cuts as before."""
-    cap = SessionCap(ceiling=1000, lag_limit=LIMIT, cap=100)
-    cap.update(T0, 0.2, 100, busy=0.2, waited=0.5)
-    assert cap.limit == int(100 * (1 + INCREASE) + 1)
-    cap.update(T0 + TICK, 0.2, 50, busy=0.2, waited=0.5)  # does not bind: stays
-    assert cap.limit == int(100 * (1 + INCREASE) + 1)
-    cap.update(T0 + 2 * TICK, 0.2, 100, busy=0.5, waited=0.2)
-    assert cap.limit == int(100 * DECREASE)
-    cap.update(T0 + 2 * TICK + HOLD, 0.2, 100, busy=None, waited=None)  # unknown: lag decides
-    assert cap.limit == int(int(100 * DECREASE) * DECREASE)
