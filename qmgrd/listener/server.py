@@ -1,8 +1,8 @@
 """Accepting SMTP connections on the daemon's loop: session caps, fd exhaustion, shutdown.
 
 The listener accepts on its own non-blocking listening sockets (a reader
-callback on the loop, up to ``ACCEPT_BATCH`` connections per wake-up) so
-that admission is decided before a session exists:
+callback on the loop, ``accepting.Acceptor``) so that admission is decided
+before a session exists:
 
 - more than ``smtpd_session_limit`` live sessions: the new client gets
   ``421 4.3.2 Service currently unavailable`` and is closed (Postfix's smtpd
@@ -20,27 +20,15 @@ that admission is decided before a session exists:
   worker (``ListenerContext.anvil``, ``qmgrd.listener.limits.SharedCounts``),
   asked before the session starts.
 
-A refusal for capacity costs as little as it can: one ``send`` of the
-reply line before any session, TLS or banner, then ``close``. A listener that
-refused for capacity also stops watching that socket for ``REFUSE_HOLD``
-seconds (several listener processes share each listening socket: the
-connections go meanwhile to one that has room), then answers every client
-waiting in it, ``ACCEPT_DRAIN`` at most, in one go (admitted if there is room
-again, refused otherwise): a refused client waits ``REFUSE_HOLD`` plus the
-loop's lag at most, and a flood costs one wake-up per hold, not one per
-connection in every process.
+Accepting itself (batches per wake-up, the hold after a refusal for
+capacity, the pause when descriptors run out, the refusal's one ``send``) is
+``qmgrd.listener.accepting``.
 
 The cap is also kept within the process's open-file limit: a session may
 hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
 left for the rest of the daemon (spool work, delivery connections), so with
 a soft ``RLIMIT_NOFILE`` of 1024 at most 384 sessions are admitted (logged at
 start when that lowers ``smtpd_session_limit``; the systemd unit sets 65536).
-
-When ``accept`` fails for lack of file descriptors or memory (EMFILE,
-ENFILE, ENOBUFS, ENOMEM) the listener logs a warning, stops accepting for
-``_ACCEPT_RETRY`` seconds (the pending clients wait in the kernel's backlog)
-and then tries again: sessions in progress go on, and new clients are
-served as soon as descriptors are free again.
 
 Each admitted connection becomes a ``Session`` task (``qmgrd.listener.session``)
 with the settings current at accept time; a reload (``update``) applies to
@@ -50,7 +38,6 @@ new sessions.
 from __future__ import annotations
 
 import asyncio
-import errno
 import resource
 import socket
 import ssl
@@ -58,11 +45,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from qmgrd.errors import ConfigError
+from qmgrd.listener.accepting import ACCEPT_BATCH, UNAVAILABLE, Acceptor, refuse
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
-from qmgrd.listener.inflow import OVERLOAD_REPLY, IntakeGate, RefusalNotes
+from qmgrd.listener.inflow import IntakeGate, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -70,13 +58,7 @@ from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
-ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
-ACCEPT_DRAIN = 256  # connections answered at most when a hold ends
-REFUSE_HOLD = 0.02  # seconds a listener that refused for capacity leaves its socket alone
-_UNAVAILABLE = OVERLOAD_REPLY.encode("ascii") + b"\r\n"
-_ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
-_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _FD_RESERVE = 256  # descriptors kept for everything but sessions
 _CLOSE_WAIT = 10.0  # seconds wait_closed gives sessions to clean up after a disconnect
 
@@ -85,12 +67,11 @@ class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
     __slots__ = (
-        "_accept_batch",
         "_fd_cap",
         "_limited",
         "_loop",
-        "_sockets",
         "_tasks",
+        "acceptor",
         "committer",
         "ctx",
         "owns_shared",
@@ -105,14 +86,13 @@ class ListenerHandle:
         settings: ListenerSettings,
     ) -> None:
         self._loop = loop
-        self._sockets: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.ctx = ctx
         self.committer = ctx.committer
         self.sessions: set[Session] = set()
         self.settings = settings
         self.owns_shared = True  # wait_closed closes the committer and password pool
-        self._accept_batch = ACCEPT_BATCH
+        self.acceptor = Acceptor(loop, self._admit)
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
@@ -143,58 +123,11 @@ class ListenerHandle:
     def addresses(self) -> list[tuple[str, int]]:
         """The bound (host, port) pairs; tests bind port 0 and read the real port here."""
         out = []
-        for sock in self._sockets:
+        for sock in self.acceptor.sockets:
             if sock.fileno() >= 0:
                 name = sock.getsockname()
                 out.append((str(name[0]), int(name[1])))
         return out
-
-    # -- accepting ----------------------------------------------------------------------
-
-    def _listen(self, sock: socket.socket) -> None:
-        self._sockets.append(sock)
-        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
-
-    def _on_readable(self, sock: socket.socket) -> None:
-        self._accept(sock, self._accept_batch)
-
-    def _accept(self, sock: socket.socket, count: int) -> None:
-        """Accept up to ``count`` connections; after a refusal for capacity, hold (module doc)."""
-        full = False
-        for _ in range(count):
-            try:
-                conn, peer = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                if exc.errno in _OUT_OF_RESOURCES:
-                    self._pause(sock, exc)
-                    return
-                continue  # ECONNABORTED and the like: that client is gone
-            if not self._admit(conn, str(peer[0]) if peer else "unknown"):
-                full = True
-        if full:
-            self._loop.remove_reader(sock.fileno())
-            self._loop.call_later(REFUSE_HOLD, self._drain, sock)
-
-    def _drain(self, sock: socket.socket) -> None:
-        """After a hold: watch the socket again, and answer every client waiting in it."""
-        if sock.fileno() >= 0:  # not closed meanwhile
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
-            self._accept(sock, ACCEPT_DRAIN)
-
-    def _pause(self, sock: socket.socket, exc: OSError) -> None:
-        get_logger("smtpd").warning(
-            "accept connection: out of resources; new clients wait",
-            error=exc.strerror or str(exc),
-            retry_in=f"{_ACCEPT_RETRY}s",
-        )
-        self._loop.remove_reader(sock.fileno())
-        self._loop.call_later(_ACCEPT_RETRY, self._resume, sock)
-
-    def _resume(self, sock: socket.socket) -> None:
-        if sock.fileno() >= 0:  # not closed meanwhile
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _admit(self, conn: socket.socket, addr: str) -> bool:
         """Start a session for ``conn``, or refuse it; False: refused for lack of capacity."""
@@ -203,7 +136,7 @@ class ListenerHandle:
         counters = ctx.counters
         ctx.observer.connected()
         if counters.total >= min(settings.session_limit, self._fd_cap):
-            _refuse(conn, _UNAVAILABLE)
+            refuse(conn, UNAVAILABLE)
             ctx.observer.rejected("limits")
             self._limited.add()
             if count := self._limited.take():
@@ -216,7 +149,7 @@ class ListenerHandle:
             return False
         gate = ctx.inflow
         if not gate.admit_session():  # regulator: over capacity (listener.inflow)
-            _refuse(conn, _UNAVAILABLE)
+            refuse(conn, UNAVAILABLE)
             ctx.observer.rejected("limits")
             if count := gate.note_refusals():
                 get_logger("smtpd").warning(
@@ -246,7 +179,7 @@ class ListenerHandle:
             client=f"unknown[{addr}]",
             service="smtp",
         )
-        _refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
+        refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
         self.ctx.observer.rejected("limits")
 
     async def _serve(
@@ -325,10 +258,7 @@ class ListenerHandle:
 
     def close(self) -> None:
         """Stop accepting connections (sessions in progress carry on until wait_closed)."""
-        for sock in self._sockets:
-            if sock.fileno() >= 0:
-                self._loop.remove_reader(sock.fileno())
-                sock.close()
+        self.acceptor.close()
 
     async def wait_closed(self) -> None:
         """Disconnect the remaining clients and wait for queued commits to finish.
@@ -353,21 +283,6 @@ def fd_session_cap(nofile: int) -> int:
     if nofile == resource.RLIM_INFINITY:
         return 1 << 30
     return max(1, (nofile - _FD_RESERVE) // 2)
-
-
-def _refuse(conn: socket.socket, reply: str | bytes) -> None:
-    """Send one reply line to a connection we will not serve, and close it.
-
-    The cheapest answer there is: no TLS, no banner, no session, one
-    non-blocking send of a line that fits any socket buffer, no log line
-    (the callers count refusals and log them a second at a time).
-    """
-    try:
-        conn.setblocking(False)
-        conn.send(reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n")
-    except OSError:
-        pass  # the client is gone already
-    conn.close()
 
 
 async def start_listener(
@@ -407,7 +322,7 @@ async def start_listener(
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None
-    handle._accept_batch = max(1, accept_batch)
+    handle.acceptor.batch = max(1, accept_batch)
     if sockets is None:
         try:
             sockets = bind_listener(settings)
@@ -417,7 +332,7 @@ async def start_listener(
             raise
     for sock in sockets:
         sock.setblocking(False)
-        handle._listen(sock)
+        handle.acceptor.listen(sock)
     get_logger("smtpd").info(
         "listening",
         service=settings.service,
