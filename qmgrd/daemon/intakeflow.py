@@ -256,6 +256,12 @@ class IntakeRegulator(ProcessRegulator):
         self._moved = 0
         self.pipe.put(settings.token_limit)
 
+    def live(self) -> int:
+        """Sessions counted from admission: in process the owner's count is the listeners'
+        ``ClientCounters`` (``assemble``), which has each connection from its admission on,
+        so the gate's pending ones are in it already."""
+        return self.sessions()
+
     def over_backlog(self) -> bool:
         """The queue manager holds ``in_flow_backlog_limit`` messages or more."""
         limit = self.settings.backlog_limit
