@@ -44,7 +44,7 @@ linked into ``hold/`` instead, with the same discipline (and a fsync of
 REDIRECT (``replace_recipients``) works for any size: while nothing was
 flushed the buffer is rewritten; after a flush, ``commit()`` writes a new
 temporary file (head, new recipients, the content copied from the old file
-in ``COPY_CHUNK`` pieces) and renames it over the old one before finishing.
+in ``diskio.COPY_CHUNK`` pieces) and renames it over the old one before finishing.
 
 ``discard()`` removes the temporary file: a refused, reset or aborted
 transaction leaves nothing. Temporaries of a writer that died
@@ -62,10 +62,10 @@ import os
 from collections.abc import Sequence
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.diskio import _copy, _padding, _pwrite_all, _write_all, sync_directories
 from qmgrd.spool.head import EnvelopeHead
 from qmgrd.spool.records import (
     REC_CONTENT,
-    REC_DONE,
     REC_END,
     REC_SIZE,
     RecipientSpec,
@@ -85,7 +85,6 @@ __all__ = [
 
 GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
 FLUSH_SIZE = 128 * 1024
-COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
 
@@ -199,7 +198,7 @@ class QueueFileWriter:
         """REDIRECT after a flush: a new temporary file with ``rcpts`` replaces the old one.
 
         The C placeholder and envelope head are read back (small), the content
-        already written is copied in ``COPY_CHUNK`` pieces; the new file is
+        already written is copied in ``diskio.COPY_CHUNK`` pieces; the new file is
         renamed over the old temporary name, so a crash leaves one of them.
         """
         self._open()
@@ -354,63 +353,3 @@ def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str
     ]
     error = sync_directories(spool, committed)
     return results if error is None else [error for _ in results]
-
-
-def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> SpoolError | None:
-    """Fsync each target directory of ``committed`` (target, queue id) pairs once.
-
-    On failure every committed file is unlinked (none was acknowledged, so none
-    may stay where the queue manager would find it) and the error is returned.
-    """
-    if not committed or not spool.fsync:
-        return None
-    try:
-        for target in sorted({t for t, _ in committed}):
-            fd = os.open(f"{spool.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    except OSError as exc:
-        for target, queue_id in committed:
-            with contextlib.suppress(OSError):
-                os.unlink(f"{spool.root}/{target}/{queue_id}")
-        return SpoolError(f"queue directory sync error: {exc.strerror or exc}")
-    return None
-
-
-def _padding(length: int) -> bytes:
-    """A D record of exactly ``length`` bytes (3..11): flags 0 and a NUL address."""
-    if not 3 <= length <= 129:
-        raise InvariantError(f"padding of {length} bytes")
-    return bytes((REC_DONE, length - 2, 0)) + bytes(length - 3)
-
-
-def _copy(src: int, dst: int, offset: int, length: int) -> None:
-    """Append ``length`` bytes of ``src`` from ``offset`` to ``dst``, COPY_CHUNK at a time."""
-    while length > 0:
-        chunk = os.pread(src, min(COPY_CHUNK, length), offset)
-        if not chunk:
-            raise OSError(f"queue file shorter than written ({length} bytes missing)")
-        _write_all(dst, chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-
-
-def _write_all(fd: int, data: bytearray | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written == 0:
-            raise OSError(f"write returned 0 with {len(view)} bytes left")
-        view = view[written:]
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(f"pwrite returned 0 with {len(view)} bytes left")
-        view = view[written:]
-        offset += written
