@@ -56,8 +56,6 @@ from qmgrd.errors import InvariantError
 
 COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
 AUTH_LINE_LIMIT = 12288  # RFC 4954 §4
-_END = b"\r\n.\r\n"
-_HOLD = len(_END) - 1  # bytes at the end of a chunk that may start the end marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +118,11 @@ class ServerProtocol:
         "_buf",
         "_discarding",
         "_eof",
+        "_held",
+        "_parts",
         "_pending",
-        "_prev",
         "_size",
+        "_virtual",
         "command_limit",
         "mode",
     )
@@ -135,20 +135,25 @@ class ServerProtocol:
         self._buf = bytearray()
         self._eof = False
         self._discarding = False  # inside an overlong line, until its LF
-        self._prev = b""  # DATA: the last two stream bytes already handed out
+        self._parts: list[bytes] = []  # DATA: chunks received, not yet scanned (no copy)
+        self._held = b""  # DATA: a tail that may start the end marker, not handed out yet
+        self._virtual = 0  # DATA: leading bytes of _held that are not content (start's CRLF)
         self._size = 0  # DATA: unstuffed bytes handed out so far
         self._pending: DataEnd | None = None  # due right after the last Content
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet turned into events (for flow control)."""
-        return len(self._buf)
+        return len(self._buf) + len(self._held) + sum(len(p) for p in self._parts)
 
     def receive_data(self, data: bytes) -> None:
         """Append bytes from the client; call ``next_event`` to get what they mean."""
         if self._eof:
             raise InvariantError("receive_data after receive_eof")
-        self._buf += data
+        if self.mode is Mode.DATA:
+            self._parts.append(data)  # scanned whole by _data_event: no copy here
+        else:
+            self._buf += data
 
     def receive_eof(self) -> None:
         """The client closed its side of the connection."""
@@ -159,7 +164,8 @@ class ServerProtocol:
         if self.mode is not Mode.COMMAND:
             raise InvariantError(f"start_data in mode {self.mode.name}")
         self.mode = Mode.DATA
-        self._prev = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._held = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._virtual = 2
         self._size = 0
 
     def expect_auth_line(self) -> None:
@@ -186,6 +192,8 @@ class ServerProtocol:
             in_data = self.mode is Mode.DATA
             self.mode = Mode.CLOSED
             self._buf.clear()
+            self._parts.clear()
+            self._held = b""
             return Closed(in_data)
         return event
 
@@ -216,33 +224,72 @@ class ServerProtocol:
     # -- DATA --------------------------------------------------------------------
 
     def _data_event(self) -> Event | None:
-        if not self._buf:
+        if self._buf:  # bytes read ahead before start_data (a client that did not wait)
+            self._parts.insert(0, bytes(self._buf))
+            self._buf.clear()
+        if not self._parts:
             return None
-        # Look at the two bytes already handed out too: the marker may start there.
-        stream = self._prev + bytes(self._buf)
-        end = stream.find(_END)
+        chunk = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts.clear()
+        if not chunk:
+            return None
+        # Common case: nothing held back, so the chunk is scanned and handed on as it is.
+        stream = self._held + chunk if self._held else chunk
+        out, start, hold, end = _scan(stream, self._virtual)
         if end >= 0:
-            piece = stream[: end + 2]  # up to and including the CRLF before "."
-            rest = stream[end + len(_END) :]
-            self._buf[:] = rest
-            out = _unstuff(piece)
-            self._size += len(out)
+            self._buf[:] = stream[end:]
+            self._held = b""
+            self._virtual = 0
             self.mode = Mode.COMMAND
+            self._size += len(out)
             self._pending = DataEnd(self._size)
             return Content(out)
-        cut = len(stream) - _HOLD
-        if cut <= len(self._prev):
+        self._held = stream[hold:]
+        self._virtual = max(0, start - hold)
+        if not out:
             return None  # only bytes that may start the marker: wait
-        out = _unstuff(stream[:cut])
-        self._prev = stream[cut - 2 : cut]
-        self._buf[:] = stream[cut:]
         self._size += len(out)
         return Content(out)
 
 
-def _unstuff(stream: bytes) -> bytes:
-    """Remove the "." after each CRLF; ``stream`` starts with two bytes already handed out."""
-    return stream.replace(b"\r\n.", b"\r\n")[2:]
+def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int, int]:
+    """One pass over DATA bytes: (content, where unread bytes start, hold-back, after-marker).
+
+    ``stream`` starts with ``skip`` bytes that are not content (the CRLF the
+    start of DATA counts as following). Every CRLF "." is found with one
+    ``find`` per occurrence: followed by CRLF it is the end marker (the
+    fourth value is the offset after it, else -1); otherwise the "." is
+    dropped (dot-unstuffing). At the end, a tail that may start the marker
+    (CR, CRLF, CRLF ".", CRLF "." CR) is held back (its offset is the third
+    value). Without a stuffed dot or held bytes the content is ``stream``
+    itself: no copy.
+    """
+    pieces: list[bytes] = []
+    start = skip  # content not yet taken starts here
+    pos = 0
+    size = len(stream)
+    while True:
+        i = stream.find(b"\r\n.", pos)
+        if i < 0:
+            break
+        after = stream[i + 3 : i + 5]
+        if after == b"\r\n":  # the end marker
+            pieces.append(stream[start : i + 2])
+            return b"".join(pieces), start, i, i + 5
+        if after in (b"", b"\r"):  # may still become the marker: wait for more
+            pieces.append(stream[start:i])
+            return b"".join(pieces), start, i, -1
+        pieces.append(stream[start : i + 2])  # a stuffed dot: drop it
+        start = pos = i + 3
+    hold = size
+    if stream.endswith(b"\r\n") and size - 2 >= start:
+        hold = size - 2
+    elif stream.endswith(b"\r") and size - 1 >= start:
+        hold = size - 1
+    if not pieces and start == 0 and hold == size:
+        return stream, start, hold, -1
+    pieces.append(stream[start:hold])
+    return b"".join(pieces), start, hold, -1
 
 
 # -- the dialogue ----------------------------------------------------------------------

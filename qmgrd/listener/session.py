@@ -73,7 +73,7 @@ from qmgrd.log import get_logger
 from qmgrd.log.session import CommandCounts
 from qmgrd.spool import GroupCommitter
 
-_READ_SIZE = 65536
+_READ_SIZE = 262144  # a whole chunk as the loop delivers it (uvloop: up to 256 KiB)
 _WRITE_HIGH = 256 * 1024  # replies buffered in the transport before we wait for the client
 _JUNK = frozenset({"NOOP", "VRFY", "ETRN", "RSET"})
 _NOT_ERRORS = ("421", "452 4.5.3")  # replies that do not count towards the error limit

@@ -62,7 +62,14 @@ import os
 from collections.abc import Sequence
 
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool.diskio import _copy, _padding, _pwrite_all, _write_all, sync_directories
+from qmgrd.spool.diskio import (
+    _copy,
+    _padding,
+    _pwrite_all,
+    _write_all,
+    _writev_all,
+    sync_directories,
+)
 from qmgrd.spool.head import EnvelopeHead
 from qmgrd.spool.records import (
     REC_CONTENT,
@@ -87,6 +94,8 @@ GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 byte
 FLUSH_SIZE = 128 * 1024
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
+_SMALL = 4096  # content pieces below this are copied into the buffer (a 1 KB message: one piece)
+_MAX_PARTS = 64  # content pieces kept apart before they are joined (writev's list stays short)
 
 
 class QueueFileWriter:
@@ -98,6 +107,8 @@ class QueueFileWriter:
         "_fd",
         "_flushed",
         "_gap_at",
+        "_parts",
+        "_parts_size",
         "_rcpt_at",
         "_spool",
         "content_size",
@@ -114,6 +125,8 @@ class QueueFileWriter:
         self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
         self._buf += head.encode()
         self._rcpt_at = len(self._buf)  # where the recipient records start
+        self._parts: list[bytes] = []  # content chunks after _buf, kept as given (no copy)
+        self._parts_size = 0
         self._flushed = 0  # bytes of the file already written (the buffer follows them)
         self._fd = -1
         self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
@@ -127,11 +140,11 @@ class QueueFileWriter:
     @property
     def needs_flush(self) -> bool:
         """The buffer is full: run ``flush()`` (in a thread) before adding more."""
-        return len(self._buf) >= self.flush_size
+        return len(self._buf) + self._parts_size >= self.flush_size
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + self._parts_size
 
     def add_recipient(self, rcpt: RecipientSpec) -> None:
         if self._gap_at >= 0 or self._closed:
@@ -165,7 +178,15 @@ class QueueFileWriter:
     def add_content(self, data: bytes) -> None:
         if self._gap_at < 0 or self._closed:
             raise InvariantError("add_content before begin_content or after the end")
-        self._buf += data
+        if self._parts or len(data) >= _SMALL:
+            self._parts.append(data)  # written by writev as it is: no copy
+            self._parts_size += len(data)
+            if len(self._parts) >= _MAX_PARTS:  # many small pieces: one copy, bounded list
+                self._buf += b"".join(self._parts)
+                self._parts = []
+                self._parts_size = 0
+        else:
+            self._buf += data
         self.content_size += len(data)
 
     # -- disk work (worker thread) -----------------------------------------------------
@@ -187,12 +208,18 @@ class QueueFileWriter:
             raise InvariantError("flush after the end")
         try:
             self._open()
-            _write_all(self._fd, self._buf)
+            self._write_buffered()
         except OSError as exc:
             self.discard()
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
-        self._flushed += len(self._buf)
+
+    def _write_buffered(self, tail: bytes = b"") -> None:
+        """Append the buffer, the content chunks and ``tail`` with one writev; empty them."""
+        _writev_all(self._fd, [self._buf, *self._parts, tail])
+        self._flushed += len(self._buf) + self._parts_size + len(tail)
         self._buf = bytearray()
+        self._parts = []
+        self._parts_size = 0
 
     def _rebuild(self, rcpts: bytes) -> None:
         """REDIRECT after a flush: a new temporary file with ``rcpts`` replaces the old one.
@@ -202,9 +229,7 @@ class QueueFileWriter:
         renamed over the old temporary name, so a crash leaves one of them.
         """
         self._open()
-        _write_all(self._fd, self._buf)
-        self._flushed += len(self._buf)
-        self._buf = bytearray()
+        self._write_buffered()
         content_at, end = self._gap_at + GAP, self._flushed
         head = os.pread(self._fd, self._rcpt_at, 0)
         if len(head) != self._rcpt_at:
@@ -264,17 +289,17 @@ class QueueFileWriter:
             else:
                 content_offset = self._gap_at + GAP
                 fixup = _padding(GAP - len(marker)) + marker
-            self._buf += encode_record(REC_END, b"")
             size = encode_record(
                 REC_SIZE, _SIZE_FORMAT % (self.content_size, content_offset, self.rcpt_count, 0)
             )
-            if self._flushed == 0:
+            inline = self._flushed == 0  # the C placeholder is still in the buffer
+            if inline:
                 self._buf[:_SIZE_RECORD_LEN] = size
             self._open()
-            _write_all(self._fd, self._buf)
+            self._write_buffered(encode_record(REC_END, b""))
             if fixup:
                 _pwrite_all(self._fd, fixup, self._gap_at)
-            if self._flushed:
+            if not inline:
                 _pwrite_all(self._fd, size, 0)
         except OSError as exc:
             self.discard()
@@ -328,6 +353,8 @@ class QueueFileWriter:
         """Close and remove the temporary file, if any; idempotent, never raises."""
         self._closed = True
         self._buf = bytearray()
+        self._parts = []
+        self._parts_size = 0
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -52,7 +52,7 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
 ) -> None:
     loop_thread = threading.get_ident()
     events: list[tuple[str, bool]] = []  # (what, on the loop thread)
-    real_fsync, real_link, real_write = os.fsync, os.link, os.write
+    real_fsync, real_link, real_writev = os.fsync, os.link, os.writev
 
     def fsync(fd: int) -> None:
         what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
@@ -63,13 +63,13 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
         events.append(("link", threading.get_ident() == loop_thread))
         real_link(src, dst)
 
-    def write(fd: int, data: bytes) -> int:
+    def writev(fd: int, buffers: list[memoryview]) -> int:
         events.append(("write", threading.get_ident() == loop_thread))
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     runner = ThreadRunner()
     committer = GroupCommitter(spool, pool=runner)
     writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
