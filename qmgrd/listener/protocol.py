@@ -28,8 +28,12 @@ The reader is in one of three framing modes:
     stricter than we are. A "." at the start of a line (after CRLF) is
     removed (dot-unstuffing, §4.5.2). Content is handed out as ``Content``
     events as it arrives, holding back at most four bytes that could be the
-    start of the end marker; ``DataEnd(size)`` follows, and bytes after the
-    marker are read as commands again. Nothing here limits the size: the
+    start of the end marker (CR, CRLF, CRLF ".", CRLF "." CR); ``DataEnd(size)``
+    follows, and bytes after the marker are read as commands again. Each
+    received chunk is scanned once (``_scan``: one ``find`` per CRLF ".");
+    a chunk without a stuffed dot, that does not end in CR or CRLF and
+    follows nothing held back, is handed on as the very object received (a
+    100 KB message is not copied here). Nothing here limits the size: the
     caller counts and stops storing (``message_size_limit``).
 ``AUTH``
     Entered by ``expect_auth_line()`` (the caller sent a 334 challenge): the
@@ -37,7 +41,8 @@ The reader is in one of three framing modes:
     then the mode returns to ``COMMAND``.
 
 Memory: the buffer holds at most one read plus an incomplete command line of
-at most ``command_limit`` bytes; DATA never accumulates. ``Closed`` is the
+at most ``command_limit`` bytes; DATA never accumulates (the chunks received
+since the last event, and at most four held-back bytes). ``Closed`` is the
 last event after ``receive_eof`` (with ``in_data`` telling whether a message
 was cut off); pulling again after it returns ``Closed`` again.
 

@@ -12,6 +12,10 @@ buffer to it. A message that fits in the buffer (the common case) is never
 flushed: ``commit()`` writes it in one go, byte for byte what
 ``records.encode_queue_file`` produces. So memory per message is bounded by
 the buffer, not by the number of recipients or the size of the content.
+Content pieces of ``_SMALL`` bytes or more (DATA's chunks as received) are
+not copied into the buffer: they are kept as given, after it, and written
+together with it by one ``writev``; once ``_MAX_PARTS`` pieces wait (a big
+one followed by many small ones), they are joined into the buffer (one copy).
 
 The record format (``qmgrd.spool.records``) puts two values that are only
 known at the end before the data they describe:
