@@ -264,6 +264,54 @@ class Qmgrd(Relay):
             self.proc.wait(30)
 
 
+class Floor(Relay):
+    """``bench/floorrelay.py``: the least a single-process Python relay spends (not a mail server).
+
+    ``floor`` makes each message durable (fsync, group commit) before its 250
+    reply, as every real relay does; ``floor-mem`` keeps messages in memory only.
+    """
+
+    def __init__(self, durable: bool) -> None:
+        """Nothing runs yet."""
+        self.name = "floor" if durable else "floor-mem"
+        self.durable = durable
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.root = Path()
+
+    def start(self, root: Path, port: int, sinks: Sequence[int], shape: Shape) -> None:
+        """Start the floor relay on ``port``."""
+        self.root = root
+        cmd = [sys.executable, str(REPO / "bench" / "floorrelay.py"), "--port", str(port)]
+        cmd += ["--sinks", ",".join(map(str, sinks)), "--log", str(root / "maillog")]
+        if self.durable:
+            (root / "spool").mkdir()
+            cmd += ["--spool", str(root / "spool")]
+        err = (root / "stderr").open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        wait_port(port, 60, self.proc)
+
+    def roots(self) -> list[int]:
+        """The one process."""
+        assert self.proc is not None
+        return [self.proc.pid]
+
+    @property
+    def log(self) -> Path:
+        """Its status=sent lines."""
+        return self.root / "maillog"
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 10 s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 _POSTFIX_MASTER = """\
 127.0.0.1:{port} inet n - n - - smtpd
 pickup    unix  n       -       n       60      1       pickup
@@ -539,6 +587,9 @@ def summary(runs: Sequence[Run], relays: Sequence[str]) -> list[str]:
     return out
 
 
+_RELAYS = ("qmgrd", "postfix", "floor", "floor-mem")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, run the rounds, print the lines and the summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -548,7 +599,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-m", type=int, default=3000, help="messages per run (smtp-source -m)")
     parser.add_argument("-s", type=int, default=20, help="parallel sessions (smtp-source -s)")
-    parser.add_argument("--relays", default="qmgrd,postfix", help="qmgrd, postfix or both")
+    parser.add_argument(
+        "--relays",
+        default="qmgrd,postfix",
+        help="comma list of qmgrd, postfix, floor, floor-mem (the last two: bench/floorrelay.py)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
     parser.add_argument(
         "--smtpd-workers",
@@ -576,8 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     relays = [name for name in args.relays.split(",") if name]
     if not names or any(name not in SHAPES for name in names):
         parser.error(f"--shapes: choose from {', '.join(SHAPES)}")
-    if not relays or any(name not in ("qmgrd", "postfix") for name in relays):
-        parser.error("--relays: choose from qmgrd, postfix")
+    if not relays or any(name not in _RELAYS for name in relays):
+        parser.error(f"--relays: choose from {', '.join(_RELAYS)}")
     shapes = [SHAPES[name] for name in names]
     if "postfix" in relays and (not tools["postfix"] or os.geteuid() != 0):
         print("postfix: not installed or not root; running qmgrd only", file=sys.stderr)
@@ -605,6 +660,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name in relays:
                 if name == "postfix":
                     relay: Relay = Postfix(found["postfix"])
+                elif name.startswith("floor"):
+                    relay = Floor(durable=name == "floor")
                 else:
                     w, d = variants[variant_names.index(name)]
                     relay = Qmgrd(w, args.qmgrd_main, d)

@@ -68,3 +68,27 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
         line.startswith("1 KB, 10 recipients, 10 destinations |")
         for line in proc.stdout.splitlines()
     )
+
+
+@pytest.mark.skipif(
+    not (_have("smtp-source") and _have("smtp-sink")), reason="smtp-source/smtp-sink missing"
+)
+def test_the_floor_relays_relay_every_recipient_of_every_destination() -> None:
+    """``--relays floor,floor-mem`` (bench/floorrelay.py, durable and in memory): 20
+    ten-recipient messages over ten sinks, every recipient logged sent, no problems."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "postfix_bench.py"),
+            *("--shapes", "1k10r10d", "--rounds", "1", "-m", "20", "-s", "4"),
+            *("--relays", "floor,floor-mem", "--timeout", "60"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
+    assert [run.split()[2] for run in runs] == ["floor", "floor-mem"], proc.stdout
+    assert all("problems=0" in run for run in runs), proc.stdout
