@@ -27,14 +27,16 @@ The reader is in one of three framing modes:
     a message cannot smuggle a second transaction past a next hop that is
     stricter than we are. A "." at the start of a line (after CRLF) is
     removed (dot-unstuffing, §4.5.2). Content is handed out as ``Content``
-    events as it arrives, holding back at most four bytes that could be the
-    start of the end marker (CR, CRLF, CRLF ".", CRLF "." CR); ``DataEnd(size)``
-    follows, and bytes after the marker are read as commands again. Each
-    received chunk is scanned once (``_scan``: one ``find`` per CRLF ".");
-    a chunk without a stuffed dot, that does not end in CR or CRLF and
-    follows nothing held back, is handed on as the very object received (a
-    100 KB message is not copied here). Nothing here limits the size: the
-    caller counts and stops storing (``message_size_limit``).
+    events as it arrives, holding back only a "." (or "." CR) that follows a
+    CRLF at the end of a chunk, since it may start the end marker; the last
+    two bytes handed out are kept to see a CRLF "." across chunks.
+    ``DataEnd(size)`` follows, and bytes after the marker are read as
+    commands again. Each received chunk is scanned once (``_scan``: one
+    ``find`` per CRLF "."); a chunk without a stuffed dot or the marker,
+    that does not start a line with ".", is handed on as the very object
+    received (the middle of a 100 KB message is not copied here). Nothing
+    here limits the size: the caller counts and stops storing
+    (``message_size_limit``).
 ``AUTH``
     Entered by ``expect_auth_line()`` (the caller sent a 334 challenge): the
     next line is an ``AuthLine`` (RFC 4954 §4 lines may be 12288 octets),
@@ -42,7 +44,7 @@ The reader is in one of three framing modes:
 
 Memory: the buffer holds at most one read plus an incomplete command line of
 at most ``command_limit`` bytes; DATA never accumulates (the chunks received
-since the last event, and at most four held-back bytes). ``Closed`` is the
+since the last event, and at most two held-back bytes). ``Closed`` is the
 last event after ``receive_eof`` (with ``in_data`` telling whether a message
 was cut off); pulling again after it returns ``Closed`` again.
 
@@ -126,8 +128,8 @@ class ServerProtocol:
         "_held",
         "_parts",
         "_pending",
+        "_prefix",
         "_size",
-        "_virtual",
         "command_limit",
         "mode",
     )
@@ -141,8 +143,8 @@ class ServerProtocol:
         self._eof = False
         self._discarding = False  # inside an overlong line, until its LF
         self._parts: list[bytes] = []  # DATA: chunks received, not yet scanned (no copy)
-        self._held = b""  # DATA: a tail that may start the end marker, not handed out yet
-        self._virtual = 0  # DATA: leading bytes of _held that are not content (start's CRLF)
+        self._held = b""  # DATA: "." or "." CR after a CRLF: may start the end marker
+        self._prefix = b""  # DATA: the last two stream bytes handed out (or the start's CRLF)
         self._size = 0  # DATA: unstuffed bytes handed out so far
         self._pending: DataEnd | None = None  # due right after the last Content
 
@@ -169,8 +171,8 @@ class ServerProtocol:
         if self.mode is not Mode.COMMAND:
             raise InvariantError(f"start_data in mode {self.mode.name}")
         self.mode = Mode.DATA
-        self._held = b"\r\n"  # the start of the stream counts as following a CRLF
-        self._virtual = 2
+        self._prefix = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._held = b""
         self._size = 0
 
     def expect_auth_line(self) -> None:
@@ -238,41 +240,47 @@ class ServerProtocol:
         self._parts.clear()
         if not chunk:
             return None
-        # Common case: nothing held back, so the chunk is scanned and handed on as it is.
-        stream = self._held + chunk if self._held else chunk
-        out, start, hold, end = _scan(stream, self._virtual)
+        prefix = self._prefix
+        if (
+            self._held
+            or (chunk[:1] == b"." and prefix.endswith(b"\r\n"))
+            or (chunk[:2] == b"\n." and prefix.endswith(b"\r"))
+        ):  # a CRLF "." may span the boundary: scan it with the bytes before
+            stream = prefix + self._held + chunk
+            skip = len(prefix)
+        else:  # the common case: the chunk alone, handed on as it is
+            stream = chunk
+            skip = 0
+        out, held_from, end = _scan(stream, skip)
+        self._size += len(out)
         if end >= 0:
             self._buf[:] = stream[end:]
             self._held = b""
-            self._virtual = 0
             self.mode = Mode.COMMAND
-            self._size += len(out)
             self._pending = DataEnd(self._size)
             return Content(out)
-        self._held = stream[hold:]
-        self._virtual = max(0, start - hold)
-        if not out:
-            return None  # only bytes that may start the marker: wait
-        self._size += len(out)
-        return Content(out)
+        self._held = stream[held_from:]
+        self._prefix = (prefix + stream[:held_from])[-2:] if held_from < 2 else (
+            stream[held_from - 2 : held_from]
+        )
+        return Content(out) if out else None  # nothing new: wait for more
 
 
-def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int, int]:
-    """One pass over DATA bytes: (content, where unread bytes start, hold-back, after-marker).
+def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int]:
+    """One pass over DATA bytes: (content, where held-back bytes start, after-marker).
 
-    ``stream`` starts with ``skip`` bytes that are not content (the CRLF the
-    start of DATA counts as following). Every CRLF "." is found with one
-    ``find`` per occurrence: followed by CRLF it is the end marker (the
-    fourth value is the offset after it, else -1); otherwise the "." is
-    dropped (dot-unstuffing). At the end, a tail that may start the marker
-    (CR, CRLF, CRLF ".", CRLF "." CR) is held back (its offset is the third
-    value). Without a stuffed dot or held bytes the content is ``stream``
-    itself: no copy.
+    ``stream`` starts with ``skip`` bytes already handed out (or the CRLF the
+    start of DATA counts as following), kept only so that a CRLF "." across
+    the boundary is seen. Every CRLF "." is found with one ``find`` per
+    occurrence: followed by CRLF it is the end marker (the third value is
+    the offset after it, else -1); followed by nothing yet or a lone CR it
+    may still become one, so the "." and what follows are held back (the
+    second value); otherwise the "." is dropped (dot-unstuffing). Without a
+    stuffed dot, a marker or a skip, the content is ``stream`` itself: no copy.
     """
     pieces: list[bytes] = []
     start = skip  # content not yet taken starts here
     pos = 0
-    size = len(stream)
     while True:
         i = stream.find(b"\r\n.", pos)
         if i < 0:
@@ -280,21 +288,16 @@ def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int, int]:
         after = stream[i + 3 : i + 5]
         if after == b"\r\n":  # the end marker
             pieces.append(stream[start : i + 2])
-            return b"".join(pieces), start, i, i + 5
+            return b"".join(pieces), i + 2, i + 5
         if after in (b"", b"\r"):  # may still become the marker: wait for more
-            pieces.append(stream[start:i])
-            return b"".join(pieces), start, i, -1
+            pieces.append(stream[start : i + 2])
+            return b"".join(pieces), i + 2, -1
         pieces.append(stream[start : i + 2])  # a stuffed dot: drop it
         start = pos = i + 3
-    hold = size
-    if stream.endswith(b"\r\n") and size - 2 >= start:
-        hold = size - 2
-    elif stream.endswith(b"\r") and size - 1 >= start:
-        hold = size - 1
-    if not pieces and start == 0 and hold == size:
-        return stream, start, hold, -1
-    pieces.append(stream[start:hold])
-    return b"".join(pieces), start, hold, -1
+    if not pieces and start == 0:
+        return stream, len(stream), -1
+    pieces.append(stream[start:])
+    return b"".join(pieces), len(stream), -1
 
 
 # -- the dialogue ----------------------------------------------------------------------
