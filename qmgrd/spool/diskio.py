@@ -68,20 +68,6 @@ def _write_all(fd: int, data: bytearray | bytes) -> None:
         view = view[written:]
 
 
-def _writev_all(fd: int, parts: list[bytes | bytearray]) -> None:
-    """writev until every byte of ``parts`` is written (short writes: full disk, signals)."""
-    views = [memoryview(p) for p in parts if p]
-    while views:
-        written = os.writev(fd, views)
-        if written == 0:
-            raise OSError(f"writev returned 0 with {sum(len(v) for v in views)} bytes left")
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
-
-
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:

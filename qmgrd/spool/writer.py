@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from typing import cast
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.diskio import (
@@ -71,7 +72,6 @@ from qmgrd.spool.diskio import (
     _padding,
     _pwrite_all,
     _write_all,
-    _writev_all,
     sync_directories,
 )
 from qmgrd.spool.head import EnvelopeHead
@@ -85,6 +85,7 @@ from qmgrd.spool.records import (
     encode_varint,
 )
 from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
+from qmgrd.spool.store import _write_all as _writev_all  # writev until all is written
 
 __all__ = [
     "FLUSH_SIZE",
@@ -219,7 +220,8 @@ class QueueFileWriter:
 
     def _write_buffered(self, tail: bytes = b"") -> None:
         """Append the buffer, the content chunks and ``tail`` with one writev; empty them."""
-        _writev_all(self._fd, [self._buf, *self._parts, tail])
+        # store's helper is typed for bytes; writev takes any buffer (the bytearray too)
+        _writev_all(self._fd, cast("list[bytes]", [self._buf, *self._parts, tail]))
         self._flushed += len(self._buf) + self._parts_size + len(tail)
         self._buf = bytearray()
         self._parts = []

@@ -35,6 +35,32 @@ def _drain(proto: ServerProtocol) -> list[Event]:
     raise AssertionError("next_event never returned None")
 
 
+def _chunked(
+    proto: ServerProtocol, wire: bytes, cuts: list[int], held: int | None = None
+) -> tuple[bytes, list[Event]]:
+    """DATA fed in pieces of the ``cuts`` sizes (in turn); (content, the events after it).
+
+    With ``held``, the protocol never keeps more than that many bytes in DATA.
+    """
+    proto.start_data()
+    got = bytearray()
+    events: list[Event] = []
+    pos = 0
+    for i in range(len(wire)):  # bounded: each round feeds at least one byte
+        if pos >= len(wire):
+            break
+        step = cuts[i % len(cuts)]
+        proto.receive_data(wire[pos : pos + step])
+        pos += step
+        for event in _drain(proto):
+            if isinstance(event, Content) and not events:
+                got += event.data
+            else:
+                events.append(event)
+        assert held is None or proto.buffered <= held or proto.mode is not Mode.DATA
+    return bytes(got), events
+
+
 def _data(proto: ServerProtocol, wire: bytes, step: int) -> tuple[bytes, list[Event]]:
     """Feed ``wire`` in ``step``-byte pieces in DATA mode; (content, non-content events)."""
     proto.start_data()
@@ -116,22 +142,8 @@ def test_random_messages_survive_stuffing_and_any_chunking(
         stuffed = b"." + stuffed
     wire = stuffed + b".\r\nNOOP\r\n"
     proto = ServerProtocol()
-    proto.start_data()
-    got = bytearray()
-    events: list[Event] = []
-    pos = 0
-    i = 0
-    while pos < len(wire):
-        step = cuts[i % len(cuts)]
-        i += 1
-        proto.receive_data(wire[pos : pos + step])
-        pos += step
-        for event in _drain(proto):
-            if isinstance(event, Content):
-                got += event.data
-            else:
-                events.append(event)
-    assert bytes(got) == content
+    got, events = _chunked(proto, wire, cuts)
+    assert got == content
     assert events == [DataEnd(len(content)), Command("NOOP", "")]
 
 
@@ -304,29 +316,15 @@ def test_any_bytes_in_any_chunks_read_as_the_whole_stream_would(
 ) -> None:
     """Chunking never changes where DATA ends, what is unstuffed or what follows."""
     proto = ServerProtocol()
-    proto.start_data()
-    got = bytearray()
-    events: list[Event] = []
-    pos, i = 0, 0
-    while pos < len(wire):
-        step = cuts[i % len(cuts)]
-        i += 1
-        proto.receive_data(wire[pos : pos + step])
-        pos += step
-        for event in _drain(proto):
-            if isinstance(event, Content) and not events:
-                got += event.data
-            else:
-                events.append(event)
-        assert proto.buffered <= 2 or proto.mode is not Mode.DATA
+    got, events = _chunked(proto, wire, cuts, held=2)
     expected = _reference(wire)
     if expected is None:  # no end yet: a prefix of the unstuffed stream, at most ".\r" held
         full = (b"\r\n" + wire).replace(b"\r\n.", b"\r\n")[2:]
         assert events == [] and proto.mode is Mode.DATA
-        assert full.startswith(bytes(got)) and len(full) - len(got) <= 2
+        assert full.startswith(got) and len(full) - len(got) <= 2
     else:  # what follows the marker is read as commands, as if sent on its own
         content, rest = expected
-        assert bytes(got) == content
+        assert got == content
         after = ServerProtocol()
         after.receive_data(rest)
         assert events == [DataEnd(len(content)), *_drain(after)]
