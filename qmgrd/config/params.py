@@ -571,6 +571,13 @@ _TABLE: tuple[Param, ...] = (
         "defer, rather than bounce, when no MX host has an address",
     ),
     Param("ignore_mx_lookup_error", _B, "no", "look up A records when the MX lookup fails"),
+    # --- SMTP client: ending a session (issue 14, delivery CPU; qmgrd.delivery.conversation) ---
+    Param(
+        "smtp_skip_quit_response",
+        _B,
+        "yes",
+        "do not wait for the response to the SMTP QUIT command",
+    ),
     # --- SMTP client: AUTH, TLS policy, routing (issue 11) ---
     Param("smtp_sasl_auth_enable", _B, "no", "authenticate to servers that offer AUTH"),
     Param(

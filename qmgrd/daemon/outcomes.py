@@ -73,7 +73,9 @@ class Recorder:
             if bounce:
                 spool.append_reasons("bounce", msg.queue_id, bounce)
             if done:
-                mark_done(msg.path, done)
+                # No fsync, as Postfix's deliver_completed(): a mark lost with the page
+                # cache (power loss, kernel crash) means a second delivery, never a loss.
+                mark_done(msg.path, done, fsync=False)
             if defer:
                 spool.append_reasons("defer", msg.queue_id, defer)
 

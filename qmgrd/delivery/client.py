@@ -23,7 +23,9 @@ A ``ReplyError`` is final: the parser raises it again on every call.
 parameters; ``AUTH=...`` (old servers) counts as ``AUTH``.
 
 ``Envelope`` plans MAIL FROM, every RCPT TO and DATA (RFC 2920 §3.1). With
-PIPELINING the whole group is one write and the replies are matched in order;
+PIPELINING the whole group is one write and the replies are matched in order
+(``probe``: an RSET goes first in the same write, the probe of a session taken
+from the connection cache; its reply is ``rset_reply``);
 without it each command is written after the previous reply. ``to_send()``
 says what to write now (None: nothing); ``expected()`` says which command the
 next reply answers (None: the envelope is done); ``receive(reply)`` records
@@ -114,13 +116,17 @@ class ReplyParser:
                 sep = line[3:4]
                 if not line[:3].isdigit() or sep not in (b" ", b"-", b""):
                     raise ReplyError("malformed reply line")
-                self._lines.append(line)
                 if sep == b"-":
+                    self._lines.append(line)
                     if len(self._lines) >= self.line_count_limit:
                         raise ReplyError(f"reply longer than {self.line_count_limit} lines")
                     continue
-                lines, self._lines = self._lines, []
-                text = b"\n".join(part[4:] for part in lines)
+                if self._lines:  # the last line of a multi-line reply
+                    lines, self._lines = self._lines, []
+                    lines.append(line)
+                    text = b"\n".join([part[4:] for part in lines])
+                else:  # most replies are one line
+                    text = line[4:]
                 return Reply(int(line[:3]), text.decode("utf-8", "surrogateescape"))
         except ReplyError as exc:
             self._error = exc
@@ -154,6 +160,7 @@ def ehlo_extensions(reply: Reply) -> dict[str, str]:
 class Step(enum.Enum):
     """The command a reply answers in an envelope."""
 
+    RSET = "RSET"  # the probe of a cached session, at the head of a pipelined group
     MAIL = "MAIL FROM"
     RCPT = "RCPT TO"
     DATA = "DATA"
@@ -166,6 +173,8 @@ class Envelope:
     mail: bytes  # the MAIL FROM line, CRLF included
     rcpts: list[tuple[int, bytes]]  # (recipient index, RCPT TO line)
     pipelining: bool
+    probe: bool = False  # pipelined only: RSET at the head of the group
+    rset_reply: Reply | None = None
     mail_reply: Reply | None = None
     rcpt_replies: dict[int, Reply] = field(default_factory=dict)
     data_reply: Reply | None = None
@@ -177,6 +186,8 @@ class Envelope:
     def __post_init__(self) -> None:
         if not self.rcpts:
             raise InvariantError("an envelope needs a recipient")
+        if self.probe and not self.pipelining:
+            raise InvariantError("an RSET probe rides in a pipelined group only")
 
     @property
     def mail_ok(self) -> bool:
@@ -205,7 +216,11 @@ class Envelope:
                 self._order.append((Step.DATA, -1))
                 self._next = len(self.rcpts)
                 self._sent_data = True
-                return self.mail + b"".join(line for _, line in self.rcpts) + b"DATA\r\n"
+                group = self.mail + b"".join(line for _, line in self.rcpts) + b"DATA\r\n"
+                if self.probe:
+                    self._order.insert(0, (Step.RSET, -1))
+                    return b"RSET\r\n" + group
+                return group
             self._order = [(Step.MAIL, -1)]
             return self.mail
         if self.pipelining or self._order or self.mail_reply is None or not self.mail_ok:
@@ -230,7 +245,9 @@ class Envelope:
         if not self._order:
             raise InvariantError("envelope: a reply with no command outstanding")
         step, idx = self._order.pop(0)
-        if step is Step.MAIL:
+        if step is Step.RSET:
+            self.rset_reply = reply
+        elif step is Step.MAIL:
             self.mail_reply = reply
         elif step is Step.RCPT:
             self.rcpt_replies[idx] = reply

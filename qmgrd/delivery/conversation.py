@@ -7,6 +7,12 @@ connection-cache key: the nexthop label, the endpoint, whether TLS is on and
 the SASL user, so an authenticated session is only reused for mail that would
 authenticate as the same user.
 
+``end_session(session, skip_reply=, timeout=)`` ends a session as Postfix's
+smtp_quit does: QUIT goes out (unless it already went behind the end of data),
+its reply is awaited (at most ``smtp_quit_timeout``) only when
+``smtp_skip_quit_response`` is off, and the connection is closed whatever happens.
+With the default (skip) a server that answers QUIT slowly, or never, costs nothing.
+
 ``run_command(session, stage, timeout, *words)`` sends one command and returns
 its reply; a timeout, a broken reply or a lost connection raises ``Lost``
 (4.4.2, site-level) with Postfix's wording, built by ``broken``:
@@ -38,7 +44,7 @@ class Session:
     user: str = ""  # SASL user the session authenticated as ("" = none)
     reuse_count: int = 0
     extensions: dict[str, str] = field(default_factory=dict)  # EHLO keywords (lower case)
-    quit_sent: bool = False  # QUIT went out behind the end of data; its reply is unread
+    quit_sent: bool = False  # QUIT went out (behind the end of data); its reply is unread
 
     @property
     def key(self) -> CacheKey:
@@ -83,3 +89,18 @@ async def run_command(session: Session, stage: str, timeout: float, *args: bytes
         return await session.conn.command(command_line(*args), timeout)
     except (TimeoutError, ReplyError, OSError) as exc:
         raise broken(session.endpoint.relay, stage, exc) from None
+
+
+async def end_session(session: Session, *, skip_reply: bool, timeout: float) -> None:
+    """QUIT, the reply awaited only without ``skip_reply``, then close (module doc)."""
+    conn = session.conn
+    try:
+        if not session.quit_sent and conn.is_connected:
+            conn.write(b"QUIT\r\n")
+            session.quit_sent = True
+        if session.quit_sent and not skip_reply:
+            await conn.read_reply(timeout)
+    except (TimeoutError, ReplyError, OSError):
+        pass
+    finally:
+        session.close()

@@ -27,7 +27,7 @@ values are folded at white space and hard-broken below 998 octets. The
 boundary is derived from a hash of every part and checked not to occur in
 any of them. Each part declares 7bit or 8bit from its bytes; so does the top
 level. Composition cannot raise on any content (only on a bad call: no
-recipients).
+recipients). The copy of the original and the boundary live in ``dsncopy``.
 
 ``wants_notice`` / ``filter_notify`` apply DSN NOTIFY (RFC 3461 §4.1): NEVER
 suppresses every notice; an explicit list without FAILURE (or DELAY) suppresses
@@ -37,19 +37,18 @@ that kind; no NOTIFY means Postfix's default (failure and delay notices).
 from __future__ import annotations
 
 import email.utils
-import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
 from qmgrd.delivery.agent import Recipient
+from qmgrd.delivery.dsncopy import MAX_LINE, attachment, choose_boundary, cte
 
 NoticeKind = Literal["failure", "delay", "success"]
 
 BOUNCE_SIZE_LIMIT = 50000  # Postfix's bounce_size_limit default
-MAX_LINE = 998  # RFC 5322 §2.1.1, without the CRLF
 _WRAP = 79  # Postfix's bounce_print_wrap width
 _INDENT = "    "  # Postfix's continuation indent for wrapped report lines
 
@@ -250,86 +249,7 @@ def _status_part(
     return _crlf(lines)
 
 
-# ---------------------------------------------------------------- the original
-
-_HEADER_LINE = re.compile(rb"[ \t]|[^\x00-\x20\x7f:]+[ \t]*:")  # Postfix's IS_HEADER
-
-
-def _wire_lines(line: bytes) -> list[bytes]:
-    """One original line made safe for 8bit transport: masked, and broken below 998 octets."""
-    line = line.replace(b"\0", b"?").replace(b"\r", b"?")
-    if len(line) <= MAX_LINE:
-        return [line]
-    out = [line[:MAX_LINE]]
-    for start in range(MAX_LINE, len(line), MAX_LINE - 1):
-        out.append(b" " + line[start : start + MAX_LINE - 1])
-    return out
-
-
-def _attachment(content: bytes, limit: int, headers_only: bool) -> tuple[bytes, bool]:
-    """The bytes to attach and whether they are the whole message (else headers only).
-
-    Postfix's rule: headers only when RET=HDRS or the message is empty or larger
-    than the limit; the copy stops at the first non-header line (headers only) and never
-    exceeds ``limit`` bytes (whole lines only).
-    """
-    whole = not headers_only and 0 < len(content) <= limit  # Postfix: empty = headers
-    prefix = content[: limit + 2]  # enough to see whether the line at the limit ends
-    raw_lines = prefix.split(b"\n")
-    if len(prefix) < len(content) or raw_lines[-1] == b"":
-        raw_lines.pop()  # an unfinished line at the cut, or the empty rest after a last LF
-    out: list[bytes] = []
-    size = 0
-    for raw in raw_lines:
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        if not whole and not _HEADER_LINE.match(raw):
-            break
-        pieces = _wire_lines(raw)
-        need = sum(len(p) + 2 for p in pieces)
-        if size + need > limit:
-            if whole:  # normalising made it grow past the limit: fall back to headers
-                return _attachment(content, limit, headers_only=True)
-            break
-        out.extend(pieces)
-        size += need
-    return b"".join(p + b"\r\n" for p in out), whole
-
-
 # ---------------------------------------------------------------- assembly
-
-_BCHARS = re.compile(r"[^0-9A-Za-z'()+_,\-./:=?]")
-
-
-def _sha(counter: int, parts: Sequence[bytes]) -> str:
-    h = hashlib.sha256(counter.to_bytes(4, "big"))
-    for part in parts:
-        h.update(part)
-    return h.hexdigest()[:24]
-
-
-def choose_boundary(
-    seed: str,
-    parts: Sequence[bytes],
-    digest: Callable[[int, Sequence[bytes]], str] = _sha,
-) -> str:
-    """A MIME boundary ``seed/<digest>`` whose delimiter occurs in none of ``parts``.
-
-    The digest covers the parts, so content cannot embed the boundary that will
-    be chosen for it; the check and retry make that certain rather than likely.
-    """
-    seed = _BCHARS.sub("", seed)[:40]
-    candidate = seed
-    for counter in range(64):
-        candidate = f"{seed}/{digest(counter, parts)}"
-        delimiter = b"--" + candidate.encode("ascii")
-        if not any(delimiter in part for part in parts):
-            return candidate
-    return candidate  # unreachable for a cryptographic digest (64 collisions in a row)
-
-
-def _cte(data: bytes) -> str:
-    return "7bit" if data.isascii() else "8bit"
 
 
 def compose_dsn(
@@ -367,7 +287,7 @@ def compose_dsn(
     text = _text_part(kind, mta, recipients, delay_seconds, lifetime_seconds)
     status = _status_part(mta, queue_id, original_sender, arrival_time, envid, recipients)
     source = original_headers if original_message is None else original_message
-    attached, whole = _attachment(source, limit, headers_only=original_message is None)
+    attached, whole = attachment(source, limit, headers_only=original_message is None)
 
     charset = "us-ascii" if text.isascii() else "utf-8"
     if whole:
@@ -399,7 +319,7 @@ def compose_dsn(
         "MIME-Version: 1.0",
         "Content-Type: multipart/report; report-type=delivery-status;",
         f'{_INDENT}boundary="{boundary}"',
-        f"Content-Transfer-Encoding: {_cte(text + status + attached)}",
+        f"Content-Transfer-Encoding: {cte(text + status + attached)}",
         "",
         "This is a MIME-encapsulated message.",
         "",
@@ -407,7 +327,7 @@ def compose_dsn(
     out = [_crlf(head)]
     for part_head, body in bodies:
         out.append(f"--{boundary}\r\n{part_head}\r\n".encode("ascii"))
-        out.append(f"Content-Transfer-Encoding: {_cte(body)}\r\n\r\n".encode("ascii"))
+        out.append(f"Content-Transfer-Encoding: {cte(body)}\r\n\r\n".encode("ascii"))
         out.append(body)
         out.append(b"\r\n")  # the CRLF that belongs to the next delimiter (RFC 2046 §5.1.1)
     out.append(f"--{boundary}--\r\n".encode("ascii"))

@@ -1,8 +1,7 @@
-"""Nexthop parsing and MX/address lookup for the SMTP agent (notes §10.3).
+"""MX/address lookup for the SMTP agent (notes §10.3).
 
-``parse_nexthop`` reads Postfix smtp(8) nexthop syntax: ``domain``,
-``domain:port``, ``[host]``, ``[host]:port`` (brackets = no MX lookup), and a
-list of those separated by commas or spaces (tried in order).
+Nexthop syntax (``parse_nexthop``, ``Destination``, ``Endpoint``) lives in
+``nexthop`` and is re-exported here.
 
 ``MxResolver.lookup(dest)`` returns either the ordered list of ``Endpoint``s
 to try or a ``DnsFailure`` (a value, never an exception, per STYLE §6):
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import ipaddress
 import random
-import socket
 from dataclasses import dataclass
 
 import dns.asyncresolver
@@ -46,40 +44,30 @@ import dns.nameserver
 import dns.rdatatype
 import dns.resolver
 
+from qmgrd.delivery.nexthop import (
+    DEFAULT_PORT,
+    Destination,
+    Endpoint,
+    parse_destination,
+    parse_nexthop,
+)
 from qmgrd.errors import ConfigError
 
-DEFAULT_PORT = 25
+__all__ = [
+    "DEFAULT_PORT",
+    "Destination",
+    "DnsFailure",
+    "Endpoint",
+    "EndpointUsage",
+    "MxResolver",
+    "order_endpoints",
+    "parse_destination",
+    "parse_nameserver",
+    "parse_nexthop",
+]
+
 MX_HOST_LIMIT = 50  # MX hosts whose addresses one lookup may resolve, whatever the answer holds
-
-
-@dataclass(frozen=True, slots=True)
-class Destination:
-    """One nexthop destination: a name (or address), a port, and whether to look up MX."""
-
-    host: str
-    port: int
-    mx: bool
-
-    @property
-    def label(self) -> str:
-        """The destination as written in Postfix syntax (the connection-cache nexthop label)."""
-        host = self.host if self.mx else f"[{self.host}]"
-        return host if self.port == DEFAULT_PORT else f"{host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """One address to connect to, with the MX host name and preference it came from."""
-
-    host: str
-    addr: str
-    port: int
-    pref: int = 0
-
-    @property
-    def relay(self) -> str:
-        """``host[addr]:port`` as shown in ``relay=`` log fields and results."""
-        return f"{self.host}[{self.addr}]:{self.port}"
+LITERAL_CACHE_LIMIT = 4096  # destinations remembered as "an address" or "a name" per resolver
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,55 +81,6 @@ class DnsFailure:
     def transient(self) -> bool:
         """Whether the recipients should be deferred rather than bounced."""
         return self.dsn.startswith("4")
-
-
-def _parse_port(text: str, where: str) -> int:
-    if text.isdigit():
-        port = int(text)
-        if 0 < port < 65536:
-            return port
-        raise ConfigError(f"bad port in nexthop {where!r}")
-    try:
-        return socket.getservbyname(text, "tcp")
-    except OSError:
-        raise ConfigError(f"unknown service {text!r} in nexthop {where!r}") from None
-
-
-def parse_destination(text: str) -> Destination:
-    """Parse one ``domain[:port]`` or ``[host][:port]`` destination."""
-    item = text.strip()
-    if item.startswith("smtp:"):  # transport_maps style "smtp:[host]" leaking through
-        item = item[5:]
-    if not item:
-        raise ConfigError("empty nexthop")
-    if item.startswith("["):
-        close = item.find("]")
-        if close < 0:
-            raise ConfigError(f"unbalanced '[' in nexthop {text!r}")
-        host = item[1:close]
-        rest = item[close + 1 :]
-        if rest and not rest.startswith(":"):
-            raise ConfigError(f"garbage after ']' in nexthop {text!r}")
-        port = _parse_port(rest[1:], text) if rest else DEFAULT_PORT
-        if host.lower().startswith("ipv6:"):
-            host = host[5:]
-        if not host:
-            raise ConfigError(f"empty host in nexthop {text!r}")
-        return Destination(host, port, mx=False)
-    host, sep, port_text = item.rpartition(":")
-    if not sep:
-        return Destination(item.rstrip("."), DEFAULT_PORT, mx=True)
-    if not host:
-        raise ConfigError(f"empty host in nexthop {text!r}")
-    return Destination(host.rstrip("."), _parse_port(port_text, text), mx=True)
-
-
-def parse_nexthop(text: str) -> tuple[Destination, ...]:
-    """Parse a nexthop that may list several destinations (comma or space separated)."""
-    items = [part for part in text.replace(",", " ").split() if part]
-    if not items:
-        raise ConfigError("empty nexthop")
-    return tuple(parse_destination(item) for item in items)
 
 
 def parse_nameserver(text: str) -> dns.nameserver.Do53Nameserver:
@@ -222,11 +161,19 @@ class MxResolver:
         # Answers are cached for their TTL: a busy destination is looked up once per TTL,
         # not once per delivery.
         self._resolver.cache = dns.resolver.LRUCache(4096)
+        # A destination that is an address resolves to itself: parsed once, not per delivery.
+        self._literal: dict[Destination, Endpoint | None] = {}
 
     async def lookup(self, dest: Destination) -> list[Endpoint] | DnsFailure:
         """Resolve one destination to the addresses to try, best first."""
-        if _is_address(dest.host):
-            return [Endpoint(dest.host, dest.host, dest.port)]
+        if dest not in self._literal:
+            if len(self._literal) >= LITERAL_CACHE_LIMIT:
+                self._literal.clear()
+            address = _is_address(dest.host)
+            self._literal[dest] = Endpoint(dest.host, dest.host, dest.port) if address else None
+        literal = self._literal[dest]
+        if literal is not None:
+            return [literal]
         if self._setup_error is not None:
             return DnsFailure("4.4.3", self._setup_error)
         if not dest.mx:

@@ -37,14 +37,30 @@ from typing import Any
 from qmgrd.delivery.agent import Throttle
 from qmgrd.delivery.client import ReplyError, ehlo_extensions
 from qmgrd.delivery.connection import Connection
-from qmgrd.delivery.conversation import CacheKey, Session, SmtpStats, broken, run_command
+from qmgrd.delivery.conversation import (
+    CacheKey,
+    Session,
+    SmtpStats,
+    broken,
+    end_session,
+    run_command,
+)
 from qmgrd.delivery.mx import Destination, Endpoint
 from qmgrd.delivery.replies import Failure, Lost, reply_dsn, reply_text, throttle_kind
 from qmgrd.delivery.sasl import Credentials, SaslClient
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient, TlsPolicy, describe
 
-__all__ = ["FALLBACK", "CacheKey", "Connector", "Session", "SmtpStats", "broken", "run_command"]
+__all__ = [
+    "FALLBACK",
+    "CacheKey",
+    "Connector",
+    "Session",
+    "SmtpStats",
+    "broken",
+    "end_session",
+    "run_command",
+]
 
 
 class Fallback:
@@ -344,9 +360,5 @@ class Connector:
         return None
 
     async def _quit_quietly(self, session: Session) -> None:
-        try:
-            await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
-        except (TimeoutError, ReplyError, OSError):
-            pass
-        finally:
-            session.close()
+        s = self.settings
+        await end_session(session, skip_reply=s.skip_quit_response, timeout=s.quit_timeout)

@@ -71,6 +71,7 @@ class SmtpSettings:
     data_done_timeout: float = 600.0
     rset_timeout: float = 20.0
     quit_timeout: float = 300.0
+    skip_quit_response: bool = True  # smtp_skip_quit_response
     mx_address_limit: int = 5
     mx_session_limit: int = 2
     randomize_addresses: bool = True
@@ -157,6 +158,7 @@ class SmtpSettings:
             data_done_timeout=tv.get_time("smtp_data_done_timeout"),
             rset_timeout=tv.get_time("smtp_rset_timeout"),
             quit_timeout=tv.get_time("smtp_quit_timeout"),
+            skip_quit_response=tv.get_bool("smtp_skip_quit_response"),
             mx_address_limit=tv.get_int("smtp_mx_address_limit"),
             mx_session_limit=tv.get_int("smtp_mx_session_limit"),
             randomize_addresses=tv.get_bool("smtp_randomize_addresses"),

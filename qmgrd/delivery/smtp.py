@@ -36,13 +36,17 @@ Theory of operation (one request):
 
 Connection cache (notes §10.2): with the request's LOAD flag (or for
 ``smtp_connection_cache_destinations``) an idle session for the same nexthop
-label, endpoint and SASL user is taken from the cache and probed with RSET;
+label, endpoint and SASL user is taken from the cache and probed with RSET
+(pipelined with the envelope when the server offers PIPELINING; a session that
+fails its probe is closed and the next one, or a new connection, is used);
 with STORE a good session is returned to the cache instead of QUIT, unless it
 is older than ``smtp_connection_reuse_time_limit``, was reused
 ``smtp_connection_reuse_count_limit`` times, or uses TLS while
 ``smtp_tls_connection_reuse`` is off. Whether a session will be kept is
 decided before its transaction: one that will not be kept sends QUIT behind the
-end of data when the server pipelines (``Transaction.run(last=True)``).
+end of data when the server pipelines (``Transaction.run(last=True)``). Every
+session ends with ``conversation.end_session``: with ``smtp_skip_quit_response``
+(the default) the QUIT reply is not awaited, as Postfix's smtp_quit.
 """
 
 from __future__ import annotations
@@ -55,7 +59,6 @@ from collections.abc import Callable
 from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult
 from qmgrd.delivery.attempt import Attempt
 from qmgrd.delivery.cache import CallLater, ConnectionCache
-from qmgrd.delivery.client import ReplyError
 from qmgrd.delivery.mx import (
     Destination,
     DnsFailure,
@@ -66,14 +69,16 @@ from qmgrd.delivery.mx import (
 )
 from qmgrd.delivery.replies import Failure, dsn_param, reply_dsn, xtext
 from qmgrd.delivery.sasl import SaslClient
-from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats
+from qmgrd.delivery.session import CacheKey, Connector, Session, SmtpStats, end_session
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.tlspolicy import TlsClient
-from qmgrd.delivery.transaction import Transaction, check_addresses
+from qmgrd.delivery.transaction import StaleSession, Transaction, check_addresses
 from qmgrd.errors import ConfigError
 from qmgrd.log import get_logger
 
 __all__ = ["SmtpAgent", "SmtpStats", "dsn_param", "reply_dsn", "xtext"]
+
+ROUTE_CACHE_LIMIT = 4096  # nexthops whose parsed route an agent remembers
 
 
 class SmtpAgent:
@@ -132,6 +137,7 @@ class SmtpAgent:
             if (settings.fallback_relay)
             else ()
         )
+        self._routes: dict[str, tuple[Destination, ...] | str] = {}  # nexthop -> _route()
         self.cache: ConnectionCache[Session] = ConnectionCache(
             ttl=settings.connection_cache_time_limit,
             closer=self._quit,
@@ -166,21 +172,36 @@ class SmtpAgent:
         wire = check_addresses(att, self.settings.outbound.address)
         if wire is None or not att.pending:
             return
-        try:
-            dests = parse_nexthop(att.request.nexthop)
-        except ConfigError as exc:
-            att.fail_pending(Failure("4.3.5", f"bad nexthop: {exc}"))
+        route = self._route(att.request.nexthop)
+        if isinstance(route, str):
+            att.fail_pending(Failure("4.3.5", f"bad nexthop: {route}"))
             return
-        route = dests + tuple(d for d in self.fallback if d not in dests)
         for number, dest in enumerate(route, start=1):
             if not att.pending:
                 return
             await self._try_destination(att, dest, wire, final=number == len(route))
 
-    def _caching(self, request: DeliveryRequest, dest: Destination) -> tuple[bool, bool]:
-        """(load, store) for this destination (notes §10.2)."""
+    def _route(self, nexthop: str) -> tuple[Destination, ...] | str:
+        """The destinations to try for ``nexthop`` (then the fallback relays), or why the
+        nexthop is unusable; parsed once per nexthop (the syntax cannot change)."""
+        route = self._routes.get(nexthop)
+        if route is None:
+            try:
+                dests = parse_nexthop(nexthop)
+                route = dests + tuple(d for d in self.fallback if d not in dests)
+            except ConfigError as exc:
+                route = str(exc)
+            if len(self._routes) >= ROUTE_CACHE_LIMIT:
+                self._routes.clear()
+            self._routes[nexthop] = route
+        return route
+
+    def _caching(
+        self, request: DeliveryRequest, dest: Destination, label: str
+    ) -> tuple[bool, bool]:
+        """(load, store) for this destination, ``label`` being its label (notes §10.2)."""
         s = self.settings
-        always = dest.label in s.connection_cache_destinations or (
+        always = label in s.connection_cache_destinations or (
             dest.host in s.connection_cache_destinations
         )
         if always:
@@ -193,12 +214,13 @@ class SmtpAgent:
         self, att: Attempt, dest: Destination, wire: dict[int, bytes], *, final: bool
     ) -> None:
         s = self.settings
+        label = dest.label
         policy = self.tls.policy_for(dest)
         if isinstance(policy, Failure):
-            self._log.warning(f"TLS policy lookup for {dest.label}: unusable entry")
+            self._log.warning(f"TLS policy lookup for {label}: unusable entry")
             att.fail_pending(policy, final=final)
             return
-        load, store = self._caching(att.request, dest)
+        load, store = self._caching(att.request, dest, label)
         t0 = self.clock()
         found = await self.resolver.lookup(dest)
         att.setup_time += self.clock() - t0
@@ -208,13 +230,14 @@ class SmtpAgent:
             return
         sender = att.request.sender
         users = {ep: self._user(sender, dest, ep) for ep in found}
-        endpoints = self.usage.spread(found) if s.randomize_addresses else found
-        if load and endpoints:
+        several = len(found) > 1  # one address (a smarthost, a sink) has no order to choose
+        endpoints = self.usage.spread(found) if s.randomize_addresses and several else found
+        if load and several:
             best = endpoints[0].pref
             cached = [
                 ep
                 for ep in endpoints
-                if ep.pref == best and self._has_cached(dest.label, ep, users[ep])
+                if ep.pref == best and self._has_cached(label, ep, users[ep])
             ]
             if cached:
                 endpoints = cached + [ep for ep in endpoints if ep not in cached]
@@ -227,36 +250,43 @@ class SmtpAgent:
             )
             t0 = self.clock()
             self.usage.used(ep, t0)  # tried, whatever the outcome: the next one goes elsewhere
-            session = await self._take_cached(dest.label, ep, users[ep]) if load else None
-            if session is None:
+            reused = load and await self._reuse(att, label, ep, users[ep], wire, store)
+            if not reused:
                 creds = self.sasl.credentials(sender, dest, ep)
                 opened = await self.connector.open(ep, dest, policy, creds)
+                att.setup_time += self.clock() - t0
                 if isinstance(opened, Failure):
-                    att.setup_time += self.clock() - t0
                     att.fail_pending(opened, final=final)
                     if last_addr:
                         return
                     continue
-                session = opened
-            att.setup_time += self.clock() - t0
+                await self._transact(att, opened, wire, store=store, probe=False)
             sessions += 1
-            t1 = self.clock()
-            try:
-                keep = store and self._may_reuse(session)
-                reusable = await self.transaction.run(att, session, wire, last=not keep)
-            except BaseException:  # cancelled (shutdown) or a bug: never leak the socket
-                session.close()
-                raise
-            att.xfer_time += self.clock() - t1
-            if reusable and keep and not session.quit_sent and self._may_reuse(session):
-                session.reuse_count += 1
-                self.cache.store(session.key, session)
-            elif reusable:
-                await self._quit(session)
-            else:
-                session.close()
             if last_addr or (s.mx_session_limit > 0 and sessions >= s.mx_session_limit):
                 return
+
+    async def _transact(
+        self, att: Attempt, session: Session, wire: dict[int, bytes], *, store: bool, probe: bool
+    ) -> None:
+        """The transaction on ``session``, then cache it, QUIT it or close it.
+
+        ``StaleSession`` (a cached session failed its probe) goes to the caller.
+        """
+        t1 = self.clock()
+        try:
+            keep = store and self._may_reuse(session)
+            reusable = await self.transaction.run(att, session, wire, last=not keep, probe=probe)
+        except BaseException:  # stale, cancelled (shutdown) or a bug: never leak the socket
+            session.close()
+            raise
+        att.xfer_time += self.clock() - t1
+        if reusable and keep and not session.quit_sent and self._may_reuse(session):
+            session.reuse_count += 1
+            self.cache.store(session.key, session)
+        elif reusable:
+            await self._quit(session)
+        else:
+            session.close()
 
     def _user(self, sender: str, dest: Destination, ep: Endpoint) -> str:
         creds = self.sasl.credentials(sender, dest, ep)
@@ -270,23 +300,26 @@ class SmtpAgent:
     def _has_cached(self, label: str, ep: Endpoint, user: str) -> bool:
         return any(key in self.cache for key in self._keys(label, ep, user))
 
-    async def _take_cached(self, label: str, ep: Endpoint, user: str) -> Session | None:
-        """A cached session for this endpoint and user that answers RSET, or None."""
+    async def _reuse(
+        self,
+        att: Attempt,
+        label: str,
+        ep: Endpoint,
+        user: str,
+        wire: dict[int, bytes],
+        store: bool,
+    ) -> bool:
+        """The transaction on a cached session for this endpoint and user, probed with RSET
+        (``Transaction.run(probe=True)``); False when no cached session passed its probe."""
         for key in self._keys(label, ep, user):
-            while True:
-                session = self.cache.take(key)
-                if session is None:
-                    break
+            while (session := self.cache.take(key)) is not None:
                 try:
-                    response = await session.conn.command(b"RSET\r\n", self.settings.rset_timeout)
-                except (TimeoutError, ReplyError, OSError):
-                    session.close()
-                    continue
-                if response.code == 250:
-                    self.stats.reused += 1
-                    return session
-                session.close()
-        return None
+                    await self._transact(att, session, wire, store=store, probe=True)
+                except StaleSession:
+                    continue  # closed by _transact; nothing was recorded
+                self.stats.reused += 1
+                return True
+        return False
 
     def _may_reuse(self, session: Session) -> bool:
         s = self.settings
@@ -298,13 +331,6 @@ class SmtpAgent:
         return not (limit > 0 and session.reuse_count >= limit)
 
     async def _quit(self, session: Session) -> None:
-        """End a session politely (QUIT), closing it whatever happens."""
-        try:
-            if session.quit_sent:  # pipelined behind the end of data: read its reply
-                await session.conn.read_reply(self.settings.quit_timeout)
-            elif session.conn.is_connected:
-                await session.conn.command(b"QUIT\r\n", self.settings.quit_timeout)
-        except (TimeoutError, ReplyError, OSError):
-            pass
-        finally:
-            session.close()
+        """End a session politely (QUIT; ``smtp_skip_quit_response``), closing it."""
+        s = self.settings
+        await end_session(session, skip_reply=s.skip_quit_response, timeout=s.quit_timeout)

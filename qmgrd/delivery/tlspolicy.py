@@ -176,6 +176,7 @@ class TlsClient:
         self.secure_cert_match = secure_cert_match
         self.protocols = parse_protocols(mandatory_protocols, "smtp_tls_mandatory_protocols")
         self.policy_maps = policy_maps
+        self._default = self.default_policy()  # the level's policy: built once
         self._contexts: dict[tuple[bool, tuple[str, str]], ssl.SSLContext] = {}
         try:
             self.context(TlsPolicy("verify", protocols=self.protocols))  # loads the CA file now
@@ -198,7 +199,7 @@ class TlsClient:
                 value = table.lookup(dest.host)
             if value is not None:
                 return self._parse_entry(dest, table.spec, value)
-        return self.default_policy()
+        return self._default
 
     def _parse_entry(self, dest: Destination, spec: str, value: str) -> TlsPolicy | Failure:
         words = value.split()

@@ -14,6 +14,14 @@ transaction and returns whether the session may be reused. Replies to MAIL,
 RCPT and DATA are recipient or message results; 421 and lost connections are
 site-level (``Lost``).
 
+``probe=True`` (a session taken from the connection cache): RSET goes first, as
+Postfix probes a cached session before reuse; with PIPELINING it rides at the
+head of the envelope's group (RFC 2920 allows RSET anywhere in a group), so the
+probe costs no round trip of its own. When the probe fails (no reply within
+``smtp_rset_timeout``, a lost connection, a reply other than 250) nothing has
+been recorded and nothing can have been delivered (no end of data was sent):
+``StaleSession`` is raised and the caller closes the session and tries another.
+
 On the way out (``SmtpSettings.outbound``, `qmgrd.cleanup.outbound`): the
 envelope sender and recipients go through ``smtp_generic_maps`` (checked as
 rewritten), and when ``smtp_generic_maps`` or ``smtp_header_checks`` is set
@@ -27,14 +35,17 @@ are matched in order; otherwise one command at a time. Each reply is awaited
 with its command's timeout (``smtp_mail_timeout``, ``smtp_rcpt_timeout``,
 ``smtp_data_init_timeout``).
 
-Content streaming: after 354 the content is encoded by ``content.DataEncoder``
-and written chunk by chunk with flow control (each wait for the transport at
+Content streaming: after 354 the content is read in chunks of up to
+``CONTENT_CHUNK`` bytes (256 KiB: most mail is one read, one encoding pass and
+one write), encoded by ``content.DataEncoder`` and written chunk by chunk with
+flow control (each wait for the transport at
 most ``smtp_data_xfer_timeout``); the last chunk goes out with the end of data
 in one write, and the final reply is awaited ``smtp_data_done_timeout``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from qmgrd.delivery.agent import DeliveryRequest
@@ -46,6 +57,13 @@ from qmgrd.delivery.session import Session, broken, run_command
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.errors import InvariantError
 
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")  # bytes no address may carry on the wire
+CONTENT_CHUNK = 256 * 1024  # bytes per content read: bounds a delivery's buffers
+
+
+class StaleSession(Exception):
+    """A cached session failed its RSET probe: close it; nothing was recorded (module doc)."""
+
 
 class ContentError(Exception):
     """The content could not be read from the queue: a local problem, not the server's."""
@@ -54,7 +72,7 @@ class ContentError(Exception):
 def wire_address(address: str, smtputf8: bool) -> bytes | str:
     """The address's bytes as received, or why it cannot be sent as is."""
     raw = address.encode("utf-8", "surrogateescape")
-    if any(b < 0x20 or b == 0x7F for b in raw):
+    if _CONTROL.search(raw):
         return "it contains a control character"
     try:
         raw.decode("utf-8")
@@ -101,16 +119,23 @@ class Transaction:
         self.settings = settings
 
     async def run(
-        self, att: Attempt, session: Session, wire: dict[int, bytes], *, last: bool = False
+        self,
+        att: Attempt,
+        session: Session,
+        wire: dict[int, bytes],
+        *,
+        last: bool = False,
+        probe: bool = False,
     ) -> bool:
         """The transaction for the pending recipients; True if the session is reusable.
 
         ``last``: the session ends after this transaction. With PIPELINING, QUIT then
         goes out in the same write as the end of data (``session.quit_sent``), as
-        Postfix's client pipelines it; the caller reads its reply.
+        Postfix's client pipelines it; the caller ends the session (``end_session``:
+        the reply is read only without ``smtp_skip_quit_response``).
         """
         try:
-            return await self._steps(att, session, wire, last)
+            return await self._steps(att, session, wire, last, probe)
         except Lost as lost:
             session.close()
             att.fail_pending(lost.failure)
@@ -121,12 +146,15 @@ class Transaction:
             return False
 
     async def _steps(
-        self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool
+        self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool, probe: bool
     ) -> bool:
         s = self.settings
         req = att.request
         relay = session.endpoint.relay
         host = f"host {relay}"
+        pipelining = session.supports("pipelining")
+        if probe and not pipelining:
+            await self._probe(session)
 
         def said(response: Reply, command: str) -> Failure:
             return Failure(
@@ -180,7 +208,8 @@ class Transaction:
         envelope = Envelope(
             command_line(b"MAIL", b"FROM:<" + sender + b">", *options),
             rcpts,
-            pipelining=session.supports("pipelining"),
+            pipelining=pipelining,
+            probe=probe and pipelining,
         )
         await self._exchange(session, envelope, said)
 
@@ -227,6 +256,7 @@ class Transaction:
         conn = session.conn
         relay = session.endpoint.relay
         timeouts = {
+            Step.RSET: s.rset_timeout,
             Step.MAIL: s.mail_timeout,
             Step.RCPT: s.rcpt_timeout,
             Step.DATA: s.data_init_timeout,
@@ -242,10 +272,23 @@ class Transaction:
                     conn.write(out)
                 reply = await conn.read_reply(timeouts[step[0]])
             except (TimeoutError, ReplyError, OSError) as exc:
+                if step[0] is Step.RSET:
+                    raise StaleSession(str(exc) or type(exc).__name__) from None
                 raise broken(relay, stage, exc) from None
+            if step[0] is Step.RSET and reply.code != 250:
+                raise StaleSession(f"{reply.code} {reply.message}")
             if reply.code == 421:
                 raise Lost(said(reply, step[0].value))
             envelope.receive(reply)
+
+    async def _probe(self, session: Session) -> None:
+        """RSET on its own (no PIPELINING); ``StaleSession`` unless it is answered 250."""
+        try:
+            reply = await session.conn.command(b"RSET\r\n", self.settings.rset_timeout)
+        except (TimeoutError, ReplyError, OSError) as exc:
+            raise StaleSession(str(exc) or type(exc).__name__) from None
+        if reply.code != 250:
+            raise StaleSession(f"{reply.code} {reply.message}")
 
     async def _end_unwanted(self, session: Session) -> bool:
         """A pipelined DATA got 354 with no recipient: end it with a lone ".".
@@ -285,7 +328,7 @@ class Transaction:
         # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
         held = b""
         try:
-            iterator = aiter(req.content.chunks())
+            iterator = aiter(req.content.chunks(CONTENT_CHUNK))
             while True:
                 try:
                     chunk = await anext(iterator)

@@ -5,10 +5,15 @@ Theory of operation
 Each accepted message needs its file fsynced and a directory fsync after the
 link into incoming/. Done one by one, the directory fsyncs (a journal commit
 each) dominate intake. The committer instead queues requests from every
-session; a single flusher task hands everything queued so far to a worker
-thread as one batch (write + fsync each file, then one directory fsync for
-all). While a batch is on disk, new requests accumulate for the next one, so
-under load the batch size grows by itself and an idle daemon still commits
+session; a flusher task hands everything queued so far to a worker thread
+as one batch (write + fsync each file, then one directory fsync for all).
+While a batch is on disk, new requests start another flusher, up to
+``max_flights`` batches on disk at once (default 4): a disk completes
+concurrent fsyncs together (one journal commit for several), while the
+fsyncs of one batch run one after the other — on this project's test
+machine 100 KB files were made durable 2-4 times faster from 8 threads than
+from one. Beyond ``max_flights`` requests accumulate for the next batch, so
+under load the batch size grows by itself, and an idle daemon still commits
 a lone message at once (no timer, no added latency).
 
 Two kinds of request share the batches: a ``QueueFileWriter`` the listener
@@ -61,20 +66,36 @@ class _Request:
 
 
 class GroupCommitter:
-    """Async front of the batch commits; one per daemon (it owns a flusher task)."""
+    """Async front of the batch commits; one per daemon (up to ``max_flights`` flusher tasks)."""
 
-    __slots__ = ("_closed", "_flusher", "_pending", "max_batch", "pool", "spool")
+    __slots__ = (
+        "_closed",
+        "_flushers",
+        "_pending",
+        "_starting",
+        "max_batch",
+        "max_flights",
+        "pool",
+        "spool",
+    )
 
     def __init__(
-        self, spool: Spool, *, max_batch: int = 64, pool: BlockingRunner | None = None
+        self,
+        spool: Spool,
+        *,
+        max_batch: int = 64,
+        max_flights: int = 4,
+        pool: BlockingRunner | None = None,
     ) -> None:
-        if max_batch < 1:
-            raise InvariantError(f"max_batch {max_batch} < 1")
+        if max_batch < 1 or max_flights < 1:
+            raise InvariantError(f"max_batch {max_batch} or max_flights {max_flights} < 1")
         self.spool = spool
         self.pool = pool
         self.max_batch = max_batch
+        self.max_flights = max_flights
         self._pending: list[_Request] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._starting = 0  # flushers created that have not taken their first batch yet
         self._closed = False
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
@@ -98,34 +119,35 @@ class GroupCommitter:
         # Retrieve the outcome even if the session went away meanwhile (no "never retrieved").
         future.add_done_callback(_consume)
         self._pending.append(_Request(item, future))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
+        if not self._starting and len(self._flushers) < self.max_flights:
+            self._starting += 1
+            flusher = asyncio.create_task(self._flush())
+            self._flushers.add(flusher)
+            flusher.add_done_callback(self._flushers.discard)
         # shield: a session that disconnects must not cancel the batch's result handling.
         return await asyncio.shield(future)
 
     async def _flush(self) -> None:
-        try:
-            while self._pending:
-                batch = self._pending[: self.max_batch]
-                del self._pending[: self.max_batch]
-                try:
-                    writers = [r.item for r in batch if isinstance(r.item, QueueFileWriter)]
-                    if len(writers) == len(batch) and not any(w.needs_rebuild for w in writers):
-                        results = await self._staged(writers)
-                    else:
-                        results = await self._run(functools.partial(self._commit_batch, batch))
-                except Exception as exc:  # a bug or an unexpected error: fail the batch
-                    failure = SpoolError(f"queue file write error: {exc}")
-                    results = [failure for _ in batch]
-                for request, result in zip(batch, results, strict=True):
-                    if request.future.done():
-                        continue
-                    if isinstance(result, str):
-                        request.future.set_result(result)
-                    else:
-                        request.future.set_exception(result)
-        finally:
-            self._flusher = None
+        self._starting -= 1
+        while self._pending:
+            batch = self._pending[: self.max_batch]
+            del self._pending[: self.max_batch]
+            try:
+                writers = [r.item for r in batch if isinstance(r.item, QueueFileWriter)]
+                if len(writers) == len(batch) and not any(w.needs_rebuild for w in writers):
+                    results = await self._staged(writers)
+                else:
+                    results = await self._run(functools.partial(self._commit_batch, batch))
+            except Exception as exc:  # a bug or an unexpected error: fail the batch
+                failure = SpoolError(f"queue file write error: {exc}")
+                results = [failure for _ in batch]
+            for request, result in zip(batch, results, strict=True):
+                if request.future.done():
+                    continue
+                if isinstance(result, str):
+                    request.future.set_result(result)
+                else:
+                    request.future.set_exception(result)
 
     async def _run(self, fn: Callable[[], _T]) -> _T:
         if self.pool is not None:
@@ -162,8 +184,8 @@ class GroupCommitter:
     async def close(self) -> None:
         """Refuse new requests and wait until every queued one has been committed."""
         self._closed = True
-        if self._flusher is not None:
-            await asyncio.shield(self._flusher)
+        while self._flushers:
+            await asyncio.shield(asyncio.gather(*self._flushers))
 
 
 def _consume(future: asyncio.Future[str]) -> None:

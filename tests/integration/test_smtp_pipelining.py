@@ -30,6 +30,7 @@ from tests.support.scripted import (
     scripted,
     wait_forever,
 )
+from tests.support.waits import TIMEOUT
 
 RCPTS = ("a@dst.test", "b@dst.test", "c@dst.test", "d@dst.test")
 EHLO_PIPELINING = b"250-mx.test\r\n250-PIPELINING\r\n250 8BITMIME\r\n"
@@ -180,14 +181,19 @@ async def test_pipelined_no_recipient_accepted_ends_a_354_with_a_dot_and_resets(
             return b"250 ok\r\n"
         return b"354 go\r\n" if n == 1 + len(RCPTS) else b"550 5.1.1 no\r\n"
 
+    quit_read = asyncio.Event()
+
     async def then(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for reply in (b"554 5.5.1 no valid recipients\r\n", b"250 reset\r\n", b"221 bye\r\n"):
             seen.append(await read_line(reader))
+            if seen[-1] == b"QUIT":
+                quit_read.set()  # the client need not wait for the 221 (smtp_skip_quit_response)
             writer.write(reply)
             await writer.drain()
 
     async with scripted(_pipelined(answer, then=then)) as srv:
         result = await deliver_once(srv.nexthop, FAST, RCPTS)
+        await asyncio.wait_for(quit_read.wait(), TIMEOUT)
     assert {r.outcome for r in result.recipients} == {Outcome.BOUNCED}
     assert seen == [b".", b"RSET", b"QUIT"]
 
@@ -332,7 +338,9 @@ async def test_replies_injected_before_the_tls_handshake_are_dropped(
     assert commands == [b"EHLO CLIENT.TEST", b"MAIL FROM", b"RCPT TO", b"DATA"]
 
 
-def _recording_tail(tails: list[bytes], commands: list[bytes]) -> Handler:
+def _recording_tail(
+    tails: list[bytes], commands: list[bytes], quit_read: asyncio.Event | None = None
+) -> Handler:
     """A PIPELINING server recording the read that ends the message and every later command."""
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -354,6 +362,8 @@ def _recording_tail(tails: list[bytes], commands: list[bytes]) -> Handler:
             cmd = pending.pop(0) if pending else await read_line(reader)
             commands.append(cmd.upper())
             if cmd.upper() == b"QUIT":
+                if quit_read is not None:
+                    quit_read.set()
                 writer.write(b"221 bye\r\n")
                 await writer.drain()
                 return
@@ -364,11 +374,13 @@ def _recording_tail(tails: list[bytes], commands: list[bytes]) -> Handler:
 
 
 async def test_quit_follows_the_end_of_data_in_the_same_write() -> None:
-    """A session that will not be cached sends QUIT behind "." in one write and reads 221."""
+    """A session that will not be cached sends QUIT behind "." in one write."""
     tails: list[bytes] = []
     commands: list[bytes] = []
-    async with scripted(_recording_tail(tails, commands)) as srv:
+    quit_read = asyncio.Event()
+    async with scripted(_recording_tail(tails, commands, quit_read)) as srv:
         result = await deliver_once(srv.nexthop, FAST, RCPTS[:1])
+        await asyncio.wait_for(quit_read.wait(), TIMEOUT)
     assert result.recipients[0].outcome is Outcome.SENT
     assert tails == [b".\r\nQUIT\r\n"]
     assert commands == [b"QUIT"]
@@ -378,7 +390,8 @@ async def test_a_session_kept_for_the_cache_sends_no_quit_behind_the_data() -> N
     """With the connection cache the session stays open after "."; QUIT comes at close."""
     tails: list[bytes] = []
     commands: list[bytes] = []
-    async with scripted(_recording_tail(tails, commands)) as srv:
+    quit_read = asyncio.Event()
+    async with scripted(_recording_tail(tails, commands, quit_read)) as srv:
         settings = dataclasses.replace(FAST, connection_cache_destinations=(srv.nexthop,))
         agent = SmtpAgent(settings)
         try:
@@ -386,13 +399,15 @@ async def test_a_session_kept_for_the_cache_sends_no_quit_behind_the_data() -> N
             assert len(agent.cache) == 1
         finally:
             await agent.close()
+        await asyncio.wait_for(quit_read.wait(), TIMEOUT)  # QUIT's reply is not awaited
     assert result.recipients[0].outcome is Outcome.SENT
     assert tails == [b".\r\n"]
     assert commands == [b"QUIT"]  # sent by close(), not behind the data
 
 
 async def test_an_unanswered_pipelined_quit_ends_at_smtp_quit_timeout() -> None:
-    """The message is sent; a server that never answers QUIT costs ``smtp_quit_timeout``."""
+    """Waiting for QUIT replies (``smtp_skip_quit_response = no``), a server that never
+    answers costs ``smtp_quit_timeout``; the message is sent."""
 
     def answer(n: int) -> bytes:
         return b"354 go\r\n" if n == 2 else b"250 ok\r\n"
@@ -405,7 +420,7 @@ async def test_an_unanswered_pipelined_quit_ends_at_smtp_quit_timeout() -> None:
         await wait_forever()  # QUIT arrives and is never answered
 
     # The default (300 s) would outlast deliver_once's 30 s bound and fail the test.
-    settings = dataclasses.replace(FAST, quit_timeout=0.3)
+    settings = dataclasses.replace(FAST, quit_timeout=0.3, skip_quit_response=False)
     async with scripted(_pipelined(answer, then=then)) as srv:
         result = await deliver_once(srv.nexthop, settings, RCPTS[:1])
     assert (result.recipients[0].outcome, result.hop) == (Outcome.SENT, None)

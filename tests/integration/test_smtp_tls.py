@@ -121,3 +121,17 @@ async def test_verify_checks_certificate(server_tls: ssl.SSLContext, ca_file: st
     assert (failed.recipients[0].outcome, failed.recipients[0].dsn) == (Outcome.DEFERRED, "4.7.5")
     assert failed.hop is not None
     assert len(sink.messages) == 1
+
+
+async def test_quit_reaches_the_server_over_tls_without_waiting_for_its_reply(
+    server_tls: ssl.SSLContext,
+) -> None:
+    """smtp_skip_quit_response (default): over TLS too, QUIT is written out before the close."""
+    async with smtp_sink(SinkConfig(tls_context=server_tls)) as sink:
+        agent = SmtpAgent(_settings("encrypt"))
+        assert agent.settings.skip_quit_response
+        result = await agent.deliver(make_request(sink.nexthop, ["a@x.test"]))
+        await sink.wait_for(lambda: "QUIT" in sink.commands, "the QUIT over TLS")
+        await agent.close()
+    assert result.recipients[0].outcome is Outcome.SENT
+    assert sink.messages[0].peer_tls is True

@@ -9,7 +9,13 @@ import pytest
 from qmgrd.delivery.agent import DeliveryRequest, Outcome, Recipient
 from qmgrd.delivery.content import BytesContent
 from qmgrd.delivery.factory import create_agent
-from qmgrd.delivery.mx import Destination, parse_destination, parse_nameserver, parse_nexthop
+from qmgrd.delivery.mx import (
+    Destination,
+    Endpoint,
+    parse_destination,
+    parse_nameserver,
+    parse_nexthop,
+)
 from qmgrd.delivery.settings import SmtpSettings
 from qmgrd.delivery.simple import DiscardAgent, ErrorAgent, RetryAgent, split_reason
 from qmgrd.delivery.smtp import SmtpAgent, reply_dsn, xtext
@@ -162,3 +168,23 @@ def test_dsn_param_keeps_stored_xtext_and_encodes_raw_text() -> None:
     assert dsn_param("Ab+2Bc") == "Ab+2Bc"
     assert dsn_param("a@example.com") == "a@example.com"
     assert dsn_param("a+b=c d") == "a+2Bb+3Dc+20d"
+
+
+async def test_bad_nexthop_defers_each_time_with_its_reason() -> None:
+    """An unusable nexthop defers every recipient with 4.3.5 and the reason, every time
+    (its parse is remembered per agent, the outcome is the same), never a hop failure."""
+    agent = SmtpAgent(SmtpSettings())
+    for _ in range(2):
+        result = await agent.deliver(_request("[unbalanced"))
+        assert {(r.outcome, r.dsn) for r in result.recipients} == {(Outcome.DEFERRED, "4.3.5")}
+        assert result.recipients[0].reply == "bad nexthop: unbalanced '[' in nexthop '[unbalanced'"
+        assert result.hop is None
+    await agent.close()
+
+
+async def test_an_address_destination_resolves_to_itself_every_time() -> None:
+    """A literal address is its own endpoint (no DNS), the same on every lookup."""
+    resolver = SmtpAgent(SmtpSettings()).resolver
+    for dest in (Destination("127.0.0.1", 2525, mx=False), Destination("::1", 25, mx=True)):
+        first = await resolver.lookup(dest)
+        assert first == await resolver.lookup(dest) == [Endpoint(dest.host, dest.host, dest.port)]

@@ -196,6 +196,17 @@ def test_pipelined_group_is_one_write_and_replies_match_in_order() -> None:
     assert env.data_reply == Reply(354, "go") and not env.data_unwanted
 
 
+def test_probe_rset_heads_the_pipelined_group() -> None:
+    """``probe``: RSET goes first in the same write and its reply is matched first."""
+    env = Envelope(MAIL, list(RCPTS), pipelining=True, probe=True)
+    assert env.to_send() == b"RSET\r\n" + MAIL + b"".join(line for _, line in RCPTS) + b"DATA\r\n"
+    assert env.expected() == (Step.RSET, -1)
+    env.receive(Reply(250, "reset"))
+    assert env.rset_reply == Reply(250, "reset") and env.expected() == (Step.MAIL, -1)
+    with pytest.raises(InvariantError):  # without PIPELINING the probe is its own command
+        Envelope(MAIL, list(RCPTS), pipelining=False, probe=True)
+
+
 def test_without_pipelining_one_command_per_reply() -> None:
     """Without PIPELINING each command is written only after the previous reply."""
     env = Envelope(MAIL, list(RCPTS), pipelining=False)

@@ -11,13 +11,13 @@ from aiosmtplib.protocol import normalize_message_line_endings
 from hypothesis import given
 from hypothesis import strategies as st
 
-from qmgrd.delivery.agent import DeliveryRequest, Recipient
+from qmgrd.delivery.agent import ContentSource, DeliveryRequest, Recipient
 from qmgrd.delivery.client import Reply
 from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
 from qmgrd.delivery.mx import Endpoint
 from qmgrd.delivery.session import Session
 from qmgrd.delivery.settings import SmtpSettings
-from qmgrd.delivery.transaction import Transaction
+from qmgrd.delivery.transaction import CONTENT_CHUNK, Transaction
 
 _PERIOD = re.compile(rb"(?m)^\.")
 
@@ -61,6 +61,21 @@ def test_dot_after_chunk_boundary_is_stuffed() -> None:
     assert enc.feed(b"a\r") + enc.feed(b"\n.b") + enc.finish() == b"a\r\n..b\r\n.\r\n"
 
 
+@pytest.mark.parametrize(
+    ("chunk", "wire"),
+    [
+        (b"a\r\n.b\r\n", b"a\r\n..b\r\n"),  # CRLF only: passed through, dots stuffed
+        (b"a\n\rb", b"a\r\n\r\nb"),  # as many CRs as LFs, yet no CRLF
+        (b"a\r\nb\n\rc\r\n", b"a\r\nb\r\n\r\nc\r\n"),  # one pair out of order
+        (b"a\rb\nc", b"a\r\nb\r\nc"),  # a lone CR and a lone LF
+        (b"no line end", b"no line end"),
+    ],
+)
+def test_line_ends_are_checked_before_the_crlf_fast_path(chunk: bytes, wire: bytes) -> None:
+    """A chunk is passed over unchanged only when every CR and every LF is part of a CRLF."""
+    assert DataEncoder().feed(chunk) == wire
+
+
 @given(
     st.binary(max_size=200).map(lambda b: b.replace(b"x", b".").replace(b"y", b"\r")),
     st.lists(st.integers(min_value=0, max_value=400), max_size=8),
@@ -97,21 +112,26 @@ def _session(protocol: _Connection) -> Session:
     return Session(protocol, Endpoint("mx", "127.0.0.1", 25), "mx", False, 0.0)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("chunks", [1, 3])
-async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
-    """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
-    content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
-    size = len(content) // chunks + 1
-    protocol = _Connection()
+async def _send(protocol: _Connection, content: ContentSource) -> Reply:
+    """The transaction's content phase for ``content`` over ``protocol``."""
     request = DeliveryRequest(
         queue_id="Q1",
         transport="smtp",
         nexthop="mx",
         sender="s@x",
         recipients=(Recipient("r@x", offset=0),),
-        content=_Chunked(content, size),
+        content=content,
     )
-    reply = await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+    return await Transaction(SmtpSettings())._send_content(_session(protocol), request)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
+    """The body's last chunk and ``.CRLF`` share one write; the bytes are the whole encoding."""
+    content = b"Subject: x\r\n\r\n" + b".dot\r\n" * 30_000
+    size = len(content) // chunks + 1
+    protocol = _Connection()
+    reply = await _send(protocol, _Chunked(content, size))
     assert reply.code == 250
     assert len(protocol.writes) == chunks
     assert protocol.writes[-1].endswith(b"\r\n.\r\n")
@@ -132,3 +152,31 @@ class _Chunked:
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
         for start in range(0, len(self.data), self.step):
             yield self.data[start : start + self.step]
+
+
+@dataclass(slots=True)
+class _Recording:
+    """In-memory content that records the chunk size each read asked for."""
+
+    data: bytes
+    asked: list[int]
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        self.asked.append(chunk_size)
+        for start in range(0, len(self.data), chunk_size):
+            yield self.data[start : start + chunk_size]
+
+
+async def test_a_100_kb_message_is_one_read_and_one_write() -> None:
+    """The transaction reads the content in big chunks: 100 KB is one read and one write."""
+    content = _Recording(b"Subject: x\r\n\r\n" + (b"x" * 78 + b"\r\n") * 1280, [])
+    protocol = _Connection()
+    reply = await _send(protocol, content)
+    assert reply.code == 250
+    assert content.asked == [CONTENT_CHUNK] and CONTENT_CHUNK >= 100 * 1024
+    assert len(protocol.writes) == 1
+    assert protocol.writes[0] == encode_data(content.data)

@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qmgrd.delivery.dsn import DsnRecipient, choose_boundary, compose_dsn
+from qmgrd.delivery.dsn import DsnRecipient, compose_dsn
+from qmgrd.delivery.dsncopy import choose_boundary
 
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 BOUND = 10.0  # seconds; a correct composition of these inputs takes milliseconds

@@ -119,3 +119,47 @@ async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
     assert isinstance(results[0], SpoolError)
     assert isinstance(results[1], str)
     assert os.listdir(spool.root / "incoming") == [results[1]]
+
+
+class GateRunner:
+    """A BlockingRunner whose hops wait for ``gate``; it records the most hops at once."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.in_flight = 0
+        self.most = 0
+        self.waiting = asyncio.Event()
+
+    async def run(self, fn: Callable[[], T], *, blocking: bool = True) -> T:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self.waiting.set()
+        try:
+            await self.gate.wait()
+            return await asyncio.to_thread(fn)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize("flights", [1, 3])
+async def test_batches_go_to_disk_concurrently_up_to_max_flights(
+    spool: Spool, flights: int
+) -> None:
+    """While batches are on disk, later commits start more batches up to ``max_flights``; the
+    rest wait for the next batch, and every message lands once."""
+    runner = GateRunner()
+    committer = GroupCommitter(spool, pool=runner, max_flights=flights)
+    pending: list[asyncio.Task[str]] = []
+    for i in range(6):  # one commit per loop pass, each after the previous batch left
+        runner.waiting.clear()
+        pending.append(asyncio.create_task(committer.commit_writer(_writer(spool, b"%d\n" % i))))
+        if i < flights:  # a new batch goes to disk at once
+            await asyncio.wait_for(runner.waiting.wait(), 5)
+        for _ in range(3):
+            await asyncio.sleep(0)
+    assert runner.in_flight == flights
+    runner.gate.set()
+    ids = await asyncio.wait_for(asyncio.gather(*pending), 10)
+    await committer.close()
+    assert runner.most == flights
+    assert len(set(ids)) == 6 and set(ids) == set(spool.list_ids("incoming"))
