@@ -59,18 +59,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.overloadreport import cpu_line, lag_lines, log_lines, ping, timeline, wait_line
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
 from bench.relaymetrics import (
     ControlProbe,
-    lag_quantiles,
     relay_cpu,
     run_waits,
     scrape,
     sent,
-    workers,
 )
 from qmgrd.daemon.control import control_socket_path
-from qmgrd.daemon.looplag import quantile
 
 REPO = Path(__file__).resolve().parents[1]
 _BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
@@ -104,7 +102,7 @@ async def _message(port: int, n: int) -> str:
             writer.write(line + b"\r\n")
             reply = await _reply(reader)
             if reply.startswith(b"421"):
-                return "refused"
+                return "refused late"  # after the session's start: its work so far wasted
             if not reply.startswith(b"250"):
                 return "other"
         writer.write(b"DATA\r\n")
@@ -222,63 +220,6 @@ def start_relay(
     return proc
 
 
-def _ping(when: str, probe: ControlProbe) -> None:
-    times = probe.times
-    print(
-        f"control socket ping {when}: p50 {quantile(times, 0.5) * 1000:.1f} ms, p99 "
-        f"{quantile(times, 0.99) * 1000:.1f} ms, max {max(times, default=0) * 1000:.1f}"
-        f" ms ({len(times)} probes, {probe.failures} failed)"
-    )
-
-
-def _wait_line(
-    when: str,
-    before: dict[int, tuple[float, float]],
-    after: dict[int, tuple[float, float]],
-    seconds: float,
-) -> str:
-    parts = []
-    for n, pid in enumerate(after):
-        if pid in before:
-            ran, waited = (a - b for a, b in zip(after[pid], before[pid], strict=True))
-            who = "queue manager" if n == 0 else f"worker pid {pid}"
-            parts.append(
-                f"{who} ran {ran * 1000 / seconds:.0f} ms/s, waited {waited * 1000 / seconds:.0f}"
-            )
-    return f"main threads {when} (schedstat, ms per second): " + ", ".join(parts)
-
-
-def _cpu_line(
-    when: str,
-    before: tuple[float, float],
-    after: tuple[float, float],
-    seconds: float,
-    delivered: float,
-) -> str:
-    qmgr, smtpd = after[0] - before[0], after[1] - before[1]
-    line = (
-        f"relay CPU {when}: {(qmgr + smtpd) / seconds:.0%} of a core, "
-        f"{(qmgr + smtpd) * 1000 / max(1.0, delivered):.2f} ms per delivered message"
-    )
-    if smtpd:
-        line += f" (queue manager {qmgr / seconds:.0%}, listener workers {smtpd / seconds:.0%})"
-    return line
-
-
-def _lag_lines(when: str, before: dict[str, float], after: dict[str, float]) -> None:
-    p50, p99, n = lag_quantiles(before, after)
-    print(f"event-loop lag {when}: p50 {p50 * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms ({n} samples)")
-    for worker in workers(after):
-        w50, w99, wn = lag_quantiles(
-            before, after, "qmgrd_smtpd_worker_event_loop_lag_seconds", f',worker="{worker}"'
-        )
-        cap = after.get(f'qmgrd_smtpd_worker_session_cap{{worker="{worker}"}}', 0)
-        print(
-            f"  listener worker {worker} loop lag {when}: p50 {w50 * 1000:.1f} ms, p99 "
-            f"{w99 * 1000:.1f} ms ({wn} samples); session cap at the end {cap:.0f}"
-        )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run both phases and print the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -295,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="smtpd_worker_processes (0/1: listener in process, N or auto: N workers; "
         "default: main.cf's default)",
+    )
+    parser.add_argument(
+        "--timeline", type=float, default=10.0, help="seconds between state lines (0: none)"
     )
     args = parser.parse_args(argv)
     if args.smtpd_workers is not None:
@@ -334,14 +278,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 w2 = run_waits(relay.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
-            print(_cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
+            print(cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
                 f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
             )
-            _lag_lines("at peak", m1, m2)
-            print(_wait_line("at peak", w1, w2, t2 - t1))
-            _ping("at peak", peak_probe)
+            lag_lines("at peak", m1, m2)
+            print(wait_line("at peak", w1, w2, t2 - t1))
+            ping("at peak", peak_probe)
             rate = args.factor * peak
             print(
                 f"overload: offering {rate:.0f} sessions/s ({args.factor:g}x) for "
@@ -357,21 +301,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 w3 = run_waits(relay.pid)
+                log3 = (root / "maillog").stat().st_size
                 gen.start()
-                time.sleep(args.duration)
+                timeline(metrics_port, m3, args.duration, args.timeline)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
                 w4 = run_waits(relay.pid)
+                log4 = (root / "maillog").stat().st_size
                 gen.join()
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
-            print(_cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
+            print(cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
-            _lag_lines("during overload", m3, m4)
-            print(_wait_line("during overload", w3, w4, t4 - t3))
-            _ping("under overload", probe)
+            lag_lines("during overload", m3, m4)
+            print(wait_line("during overload", w3, w4, t4 - t3))
+            ping("under overload", probe)
+            log_lines(root / "maillog", log3, log4)
+            late = over_counts.get("refused late", 0)
+            refused = over_counts.get("refused", 0) + late
             print(
                 f"overload sessions: sent {over_counts.get('sent', 0)}, accepted "
-                f"{over_counts.get('accepted', 0)}, 421 {over_counts.get('refused', 0)}, other "
+                f"{over_counts.get('accepted', 0)}, 421 {refused} ({late} of them after the "
+                f"greeting), other "
                 f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
                 f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}"
             )

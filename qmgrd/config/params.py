@@ -823,8 +823,9 @@ _TABLE: tuple[Param, ...] = (
         _I,
         "0",
         "event-loop lag in milliseconds (moving average over 0.1 s) above which new SMTP "
-        "sessions and MAIL get 421 4.3.2 Service currently unavailable, and that the learned "
-        "session cap steers to (0 = off, as Postfix; 50 suits a relay with a host of its own)",
+        "sessions and MAIL get 421 4.3.2 Service currently unavailable; the learned session "
+        "cap steers each 0.1 s window's worst lag to half of it (0 = off, as Postfix; 50 "
+        "suits a relay with a host of its own)",
         minimum=0,
         qmgrd_only=True,
     ),

@@ -25,9 +25,10 @@ listeners run out of tokens and each new message waits up to
 ``limit`` messages per ``in_flow_delay`` at most, as in Postfix.
 
 New sessions are also held to a cap learned from the loop's lag
-(``qmgrd.core.sessioncap``, updated every tick): past ``in_flow_lag_limit``
-it drops to three quarters of the live sessions, and grows back while the
-loop keeps up. Sessions over the cap get 421 4.3.2 at connect.
+(``qmgrd.core.sessioncap``, updated every tick with the worst lag of the
+tick's window): past half of ``in_flow_lag_limit`` it drops to four fifths
+of the live sessions, and grows back while the loop keeps up. Sessions over
+the cap get 421 4.3.2 at connect.
 
 Capacity (:meth:`IntakeRegulator.overloaded`, the 421 4.3.2 refusals) is
 measured, not guessed; the relay is over capacity when either
@@ -197,14 +198,18 @@ class ProcessRegulator:
 
     def session_full(self) -> bool:
         """The learned session cap is reached (``qmgrd.core.sessioncap``)."""
-        return not self.cap.admits(self.sessions())
+        return not self.cap.admits(self.live())
+
+    def live(self) -> int:
+        """Live sessions, and connections admitted whose session has not begun yet."""
+        return self.sessions() + self.gate.pending
 
     def _refill(self) -> None:
         """The queue manager's token refill (nothing in a worker)."""
 
     def _on_tick(self) -> None:
         self._refill()
-        self.cap.update(self.lag.clock(), self.lag.now(), self.sessions())
+        self.cap.update(self.lag.clock(), self.lag.take_worst(), self.live())
         self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:
@@ -250,6 +255,12 @@ class IntakeRegulator(ProcessRegulator):
         self.worker_counts: Counter[str] = Counter()  # the workers' gates' counters, summed
         self._moved = 0
         self.pipe.put(settings.token_limit)
+
+    def live(self) -> int:
+        """Sessions counted from admission: in process the owner's count is the listeners'
+        ``ClientCounters`` (``assemble``), which has each connection from its admission on,
+        so the gate's pending ones are in it already."""
+        return self.sessions()
 
     def over_backlog(self) -> bool:
         """The queue manager holds ``in_flow_backlog_limit`` messages or more."""

@@ -12,6 +12,9 @@ delivery's next step, the control socket's answer.
   average (time constant ``SMOOTHING``, so one garbage-collection pause does
   not count as overload), or, if the next sample is overdue, how overdue it
   is (a loop stuck in one long callback reads as lagging at once);
+- ``take_worst()``: the worst lag since the previous call (every sample, and
+  how overdue the next one is now), for a controller that looks at windows
+  (``qmgrd.core.sessioncap``); each call starts a new window;
 - ``samples``: the most recent samples (bounded) for quantiles; a stall
   that delayed one sample by L also records the L/interval samples it hid
   (each as late as it would have been), so quantiles weigh time, not ticks
@@ -62,6 +65,7 @@ class LoopLag:
         "_due",
         "_handle",
         "_loop",
+        "_worst",
         "average",
         "buckets",
         "histogram",
@@ -86,6 +90,7 @@ class LoopLag:
         self._due = 0.0
         self.last = 0.0
         self.average = 0.0  # exponential moving average of the samples
+        self._worst = 0.0  # the worst sample since the last take_worst
         self._alpha = 1.0 - math.exp(-interval / SMOOTHING)
         self.samples: deque[float] = deque(maxlen=_KEEP)
         self.buckets = [0] * (len(LAG_BUCKETS) + 1)  # per bucket (le), the last one +Inf
@@ -129,6 +134,8 @@ class LoopLag:
     def observe(self, lag: float) -> None:
         """Record one sample (the timer's; tests feed their own)."""
         self.last = lag
+        if lag > self._worst:
+            self._worst = lag
         self.average += (lag - self.average) * self._alpha
         self.samples.append(lag)
         self.buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += 1
@@ -145,6 +152,14 @@ class LoopLag:
         if self._handle is None:
             return self.average
         return max(self.average, self._clock() - self._due)
+
+    def take_worst(self) -> float:
+        """The worst lag since the last call (samples, or the next one overdue); a new window."""
+        worst = self._worst
+        if self._handle is not None:
+            worst = max(worst, self._clock() - self._due)
+        self._worst = 0.0
+        return worst
 
     def stop(self) -> None:
         """End sampling."""

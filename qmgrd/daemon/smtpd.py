@@ -20,7 +20,8 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   behaves the same; queue ids come from its own ``slot`` of ``slots``
   (``QueueIdGenerator``), so processes never draw the same id;
 - reports each durable commit and its intake counts over the channel
-  (``qmgrd.daemon.ipc``) and says ``ready`` once it listens;
+  (``qmgrd.daemon.ipc``; what is sent in one pass of the loop goes out in
+  one write, ``Outbox``) and says ``ready`` once it listens;
 - asks the queue manager for the per-client counts of
   ``smtpd_client_connection_count_limit`` and ``smtpd_client_auth_rate_limit``
   (``qmgrd.daemon.anvil``: Postfix's anvil is one server for every smtpd;
@@ -105,6 +106,44 @@ def _sockets(specs: Sequence[str]) -> dict[str, list[socket.socket]]:
     return out
 
 
+class Outbox:
+    """The channel to the queue manager, written once per pass of the loop.
+
+    The commit notices of a group commit's batch (and whatever else is sent
+    meanwhile) go out in one write, in the order sent: one system call and
+    one wake-up of the queue manager instead of one per message. Nothing is
+    sent before ``open`` or once the channel is closing.
+    """
+
+    __slots__ = ("_loop", "_pending", "_writer")
+
+    def __init__(self) -> None:
+        self._writer: asyncio.StreamWriter | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[bytes] = []
+
+    def open(self, writer: asyncio.StreamWriter) -> None:
+        """Write to ``writer`` from now on (on the running loop)."""
+        self._writer = writer
+        self._loop = asyncio.get_running_loop()
+
+    def send(self, data: bytes) -> None:
+        """Queue one encoded message; written at the end of this pass of the loop."""
+        writer = self._writer
+        if writer is None or self._loop is None or writer.is_closing():
+            return
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(data)
+
+    def flush(self) -> None:
+        """Write what is queued now (also called before the channel closes)."""
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if data and self._writer is not None and not self._writer.is_closing():
+            self._writer.write(data)
+
+
 class WorkerFlowGate:
     """Fair admission's intake gate in a worker (``qmgrd.listener.flowgate.FlowGate``).
 
@@ -152,6 +191,7 @@ class Worker:
         self.log = get_logger("smtpd")
         self.stop = asyncio.Event()
         self.writer: asyncio.StreamWriter | None = None
+        self.outbox = Outbox()
         self.intake = CountingIntake(self.send)
         self.group: ListenerGroup | None = None
         self.gate = WorkerFlowGate(cfg)
@@ -164,8 +204,7 @@ class Worker:
 
     def send(self, data: bytes) -> None:
         """Queue one message to the queue manager (dropped once the channel is closed)."""
-        if self.writer is not None and not self.writer.is_closing():
-            self.writer.write(data)
+        self.outbox.send(data)
 
     def committed(self, c: Committed) -> None:
         self.send(encode_commit(c))
@@ -175,6 +214,7 @@ class Worker:
         reader, self.writer = await asyncio.open_unix_connection(
             sock=socket.socket(fileno=self.args.channel)
         )
+        self.outbox.open(self.writer)
         cleanup = CleanupSettings.from_config(self.cfg)
         self.group = await ListenerGroup.start(
             listener_settings(self.cfg, cleanup=cleanup),
@@ -203,6 +243,7 @@ class Worker:
             await self.group.aclose()
             self.anvil.close()
             self.intake.flush()
+            self.outbox.flush()
             await close_channel(self.writer)
 
     def _command(self, fields: list[Any]) -> None:

@@ -22,7 +22,8 @@ from qmgrd.spool.records import RecipientSpec
 from qmgrd.spool.writer import EnvelopeHead
 
 if TYPE_CHECKING:
-    from qmgrd.listener.session import Session, Transaction
+    from qmgrd.listener.session import Session
+    from qmgrd.listener.transaction import Transaction
 
 async def helo(s: Session, arg: str) -> None:
     await _greet(s, arg, extended=False)

@@ -23,9 +23,10 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping, Sequence
 
+from qmgrd.listener.accepting import ACCEPT_BATCH
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
-from qmgrd.listener.server import ACCEPT_BATCH, ListenerHandle, start_listener
+from qmgrd.listener.server import ListenerHandle, start_listener
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import Spool

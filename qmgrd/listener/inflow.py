@@ -11,7 +11,11 @@ questions, each a one-line hook:
   this process's loop serves without lagging); the client gets
   ``421 4.3.2 Service currently unavailable`` (Postfix's code and
   wording) and is closed before a session exists; the log line counts
-  refusals, at most one line a second (``note_refusals``);
+  refusals, at most one line a second (``note_refusals``). True counts the
+  connection as *pending* until the listener calls ``started()`` (its
+  session began, or it ended before that): the cap compares live plus
+  pending sessions, so a burst accepted in one wake-up cannot pass it
+  before the first of its sessions has started;
 - ``await admit_message()`` at MAIL (``commands.mail``): first the same
   capacity check (False: ``421 4.3.2 ...`` and the session ends), then
   ``in_flow_delay``: the session takes one token; with none available it
@@ -50,11 +54,43 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "TokenGate"]
+from qmgrd.errors import InvariantError
+
+__all__ = ["OPEN_GATE", "OVERLOAD_REPLY", "IntakeGate", "RefusalNotes", "TokenGate"]
 
 OVERLOAD_REPLY = "421 4.3.2 Service currently unavailable"
 _READ_MAX = 4096  # bytes (tokens) taken from the pipe per wake-up at most
 _NOTE_INTERVAL = 1.0  # seconds between log lines about refusals
+
+
+class RefusalNotes:
+    """Refusals counted one by one and logged as one line with a count, one a second at most.
+
+    Under overload hundreds of connections a second are refused; one log
+    line each would spend the CPU the refusals are meant to save (Postfix
+    logs one warning per throttled event class, not one per client).
+    """
+
+    __slots__ = ("_clock", "_noted", "_unnoted")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._noted: float | None = None  # when the last line was logged
+        self._unnoted = 0  # refusals since
+
+    def add(self) -> None:
+        """Count one refusal."""
+        self._unnoted += 1
+
+    def take(self) -> int:
+        """Refusals to log now: all since the last line, at most one line per second; else 0."""
+        if not self._unnoted:
+            return 0
+        now = self._clock()
+        if self._noted is not None and 0 <= now - self._noted < _NOTE_INTERVAL:
+            return 0
+        count, self._unnoted, self._noted = self._unnoted, 0, now
+        return count
 
 
 class IntakeGate(Protocol):
@@ -66,6 +102,10 @@ class IntakeGate(Protocol):
 
     def note_refusals(self) -> int:
         """How many refusals to report in a log line now (0: none, rate-limited)."""
+        ...
+
+    def started(self) -> None:
+        """A connection ``admit_session`` admitted began its session, or ended before."""
         ...
 
     async def admit_message(self) -> bool:
@@ -90,6 +130,9 @@ class _OpenGate:
         """Never any."""
         return 0
 
+    def started(self) -> None:
+        """Nothing is counted."""
+
 
 OPEN_GATE: IntakeGate = _OpenGate()
 
@@ -98,16 +141,15 @@ class TokenGate:
     """Tokens from the queue manager's pipe, capacity from ``overloaded`` (module doc)."""
 
     __slots__ = (
-        "_clock",
         "_loop",
-        "_noted",
+        "_notes",
         "_reading",
-        "_unnoted",
         "_waiters",
         "delay",
         "fd",
         "overloaded",
         "paused",
+        "pending",
         "refused",
         "session_full",
         "timeouts",
@@ -124,9 +166,7 @@ class TokenGate:
     ) -> None:
         """``fd``: the pipe's read end (made non-blocking here); ``delay``: in_flow_delay."""
         os.set_blocking(fd, False)
-        self._clock = clock
-        self._noted = -_NOTE_INTERVAL  # when the last refusal was logged
-        self._unnoted = 0  # refusals since
+        self._notes = RefusalNotes(clock)  # the log line's count (note_refusals)
         self.fd = fd
         self.delay = delay
         self.overloaded = overloaded
@@ -137,29 +177,30 @@ class TokenGate:
         self.paused = 0  # messages that had to wait for a token
         self.timeouts = 0  # ... and went on without one after in_flow_delay
         self.refused = 0  # sessions and messages refused with 421 4.3.2
+        self.pending = 0  # connections admitted whose session has not begun yet
 
     def admit_session(self) -> bool:
         """False (counted) when over capacity or at this process's session cap."""
         if self.overloaded() or self.session_full():
             self._refuse()
             return False
+        self.pending += 1
         return True
+
+    def started(self) -> None:
+        """An admitted connection is no longer pending (module doc)."""
+        if self.pending < 1:
+            raise InvariantError("intake gate: started() without a pending admission")
+        self.pending -= 1
 
     def _refuse(self) -> None:
         self.refused += 1
-        self._unnoted += 1
+        self._notes.add()
 
     def note_refusals(self) -> int:
-        """Refusals to log now: all since the last line, at most one line per second; else 0.
-
-        Under overload hundreds of connections a second are refused; one log
-        line each would spend the CPU the refusals are meant to save.
-        """
-        now = self._clock()
-        if not self._unnoted or now - self._noted < _NOTE_INTERVAL:
-            return 0
-        count, self._unnoted, self._noted = self._unnoted, 0, now
-        return count
+        """Refusals to log now: all since the last line, at most one line per second; else 0
+        (:class:`RefusalNotes`)."""
+        return self._notes.take()
 
     async def admit_message(self) -> bool:
         """Capacity first, then a token (waiting at most ``delay``); see the module doc."""

@@ -27,17 +27,24 @@ The reader is in one of three framing modes:
     a message cannot smuggle a second transaction past a next hop that is
     stricter than we are. A "." at the start of a line (after CRLF) is
     removed (dot-unstuffing, §4.5.2). Content is handed out as ``Content``
-    events as it arrives, holding back at most four bytes that could be the
-    start of the end marker; ``DataEnd(size)`` follows, and bytes after the
-    marker are read as commands again. Nothing here limits the size: the
-    caller counts and stops storing (``message_size_limit``).
+    events as it arrives, holding back only a "." (or "." CR) that follows a
+    CRLF at the end of a chunk, since it may start the end marker; the last
+    two bytes handed out are kept to see a CRLF "." across chunks.
+    ``DataEnd(size)`` follows, and bytes after the marker are read as
+    commands again. Each received chunk is scanned once (``_scan``: one
+    ``find`` per CRLF "."); a chunk without a stuffed dot or the marker,
+    that does not start a line with ".", is handed on as the very object
+    received (the middle of a 100 KB message is not copied here). Nothing
+    here limits the size: the caller counts and stops storing
+    (``message_size_limit``).
 ``AUTH``
     Entered by ``expect_auth_line()`` (the caller sent a 334 challenge): the
     next line is an ``AuthLine`` (RFC 4954 §4 lines may be 12288 octets),
     then the mode returns to ``COMMAND``.
 
 Memory: the buffer holds at most one read plus an incomplete command line of
-at most ``command_limit`` bytes; DATA never accumulates. ``Closed`` is the
+at most ``command_limit`` bytes; DATA never accumulates (the chunks received
+since the last event, and at most two held-back bytes). ``Closed`` is the
 last event after ``receive_eof`` (with ``in_data`` telling whether a message
 was cut off); pulling again after it returns ``Closed`` again.
 
@@ -56,8 +63,6 @@ from qmgrd.errors import InvariantError
 
 COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
 AUTH_LINE_LIMIT = 12288  # RFC 4954 §4
-_END = b"\r\n.\r\n"
-_HOLD = len(_END) - 1  # bytes at the end of a chunk that may start the end marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +125,10 @@ class ServerProtocol:
         "_buf",
         "_discarding",
         "_eof",
+        "_held",
+        "_parts",
         "_pending",
-        "_prev",
+        "_prefix",
         "_size",
         "command_limit",
         "mode",
@@ -135,20 +142,25 @@ class ServerProtocol:
         self._buf = bytearray()
         self._eof = False
         self._discarding = False  # inside an overlong line, until its LF
-        self._prev = b""  # DATA: the last two stream bytes already handed out
+        self._parts: list[bytes] = []  # DATA: chunks received, not yet scanned (no copy)
+        self._held = b""  # DATA: "." or "." CR after a CRLF: may start the end marker
+        self._prefix = b""  # DATA: the last two stream bytes handed out (or the start's CRLF)
         self._size = 0  # DATA: unstuffed bytes handed out so far
         self._pending: DataEnd | None = None  # due right after the last Content
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet turned into events (for flow control)."""
-        return len(self._buf)
+        return len(self._buf) + len(self._held) + sum(len(p) for p in self._parts)
 
     def receive_data(self, data: bytes) -> None:
         """Append bytes from the client; call ``next_event`` to get what they mean."""
         if self._eof:
             raise InvariantError("receive_data after receive_eof")
-        self._buf += data
+        if self.mode is Mode.DATA:
+            self._parts.append(data)  # scanned whole by _data_event: no copy here
+        else:
+            self._buf += data
 
     def receive_eof(self) -> None:
         """The client closed its side of the connection."""
@@ -159,7 +171,8 @@ class ServerProtocol:
         if self.mode is not Mode.COMMAND:
             raise InvariantError(f"start_data in mode {self.mode.name}")
         self.mode = Mode.DATA
-        self._prev = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._prefix = b"\r\n"  # the start of the stream counts as following a CRLF
+        self._held = b""
         self._size = 0
 
     def expect_auth_line(self) -> None:
@@ -186,6 +199,8 @@ class ServerProtocol:
             in_data = self.mode is Mode.DATA
             self.mode = Mode.CLOSED
             self._buf.clear()
+            self._parts.clear()
+            self._held = b""
             return Closed(in_data)
         return event
 
@@ -216,33 +231,73 @@ class ServerProtocol:
     # -- DATA --------------------------------------------------------------------
 
     def _data_event(self) -> Event | None:
-        if not self._buf:
+        if self._buf:  # bytes read ahead before start_data (a client that did not wait)
+            self._parts.insert(0, bytes(self._buf))
+            self._buf.clear()
+        if not self._parts:
             return None
-        # Look at the two bytes already handed out too: the marker may start there.
-        stream = self._prev + bytes(self._buf)
-        end = stream.find(_END)
+        chunk = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+        self._parts.clear()
+        if not chunk:
+            return None
+        prefix = self._prefix
+        if (
+            self._held
+            or (chunk[:1] == b"." and prefix.endswith(b"\r\n"))
+            or (chunk[:2] == b"\n." and prefix.endswith(b"\r"))
+        ):  # a CRLF "." may span the boundary: scan it with the bytes before
+            stream = prefix + self._held + chunk
+            skip = len(prefix)
+        else:  # the common case: the chunk alone, handed on as it is
+            stream = chunk
+            skip = 0
+        out, held_from, end = _scan(stream, skip)
+        self._size += len(out)
         if end >= 0:
-            piece = stream[: end + 2]  # up to and including the CRLF before "."
-            rest = stream[end + len(_END) :]
-            self._buf[:] = rest
-            out = _unstuff(piece)
-            self._size += len(out)
+            self._buf[:] = stream[end:]
+            self._held = b""
             self.mode = Mode.COMMAND
             self._pending = DataEnd(self._size)
             return Content(out)
-        cut = len(stream) - _HOLD
-        if cut <= len(self._prev):
-            return None  # only bytes that may start the marker: wait
-        out = _unstuff(stream[:cut])
-        self._prev = stream[cut - 2 : cut]
-        self._buf[:] = stream[cut:]
-        self._size += len(out)
-        return Content(out)
+        self._held = stream[held_from:]
+        self._prefix = (prefix + stream[:held_from])[-2:] if held_from < 2 else (
+            stream[held_from - 2 : held_from]
+        )
+        return Content(out) if out else None  # nothing new: wait for more
 
 
-def _unstuff(stream: bytes) -> bytes:
-    """Remove the "." after each CRLF; ``stream`` starts with two bytes already handed out."""
-    return stream.replace(b"\r\n.", b"\r\n")[2:]
+def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int]:
+    """One pass over DATA bytes: (content, where held-back bytes start, after-marker).
+
+    ``stream`` starts with ``skip`` bytes already handed out (or the CRLF the
+    start of DATA counts as following), kept only so that a CRLF "." across
+    the boundary is seen. Every CRLF "." is found with one ``find`` per
+    occurrence: followed by CRLF it is the end marker (the third value is
+    the offset after it, else -1); followed by nothing yet or a lone CR it
+    may still become one, so the "." and what follows are held back (the
+    second value); otherwise the "." is dropped (dot-unstuffing). Without a
+    stuffed dot, a marker or a skip, the content is ``stream`` itself: no copy.
+    """
+    pieces: list[bytes] = []
+    start = skip  # content not yet taken starts here
+    pos = 0
+    while True:
+        i = stream.find(b"\r\n.", pos)
+        if i < 0:
+            break
+        after = stream[i + 3 : i + 5]
+        if after == b"\r\n":  # the end marker
+            pieces.append(stream[start : i + 2])
+            return b"".join(pieces), i + 2, i + 5
+        if after in (b"", b"\r"):  # may still become the marker: wait for more
+            pieces.append(stream[start : i + 2])
+            return b"".join(pieces), i + 2, -1
+        pieces.append(stream[start : i + 2])  # a stuffed dot: drop it
+        start = pos = i + 3
+    if not pieces and start == 0:
+        return stream, len(stream), -1
+    pieces.append(stream[start:])
+    return b"".join(pieces), len(stream), -1
 
 
 # -- the dialogue ----------------------------------------------------------------------

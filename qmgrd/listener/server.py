@@ -1,14 +1,17 @@
 """Accepting SMTP connections on the daemon's loop: session caps, fd exhaustion, shutdown.
 
 The listener accepts on its own non-blocking listening sockets (a reader
-callback on the loop, up to ``ACCEPT_BATCH`` connections per wake-up) so
-that admission is decided before a session exists:
+callback on the loop, ``accepting.Acceptor``) so that admission is decided
+before a session exists:
 
 - more than ``smtpd_session_limit`` live sessions: the new client gets
   ``421 4.3.2 Service currently unavailable`` and is closed (Postfix's smtpd
   answers so when it cannot serve; its master would leave the client
   waiting at its process limit, which under a flood of idle connections
-  means every new client waits);
+  means every new client waits); logged with a count, one line a second at
+  most (``inflow.RefusalNotes``);
+- over capacity (the regulator's gate, ``ListenerContext.inflow``): the same
+  reply;
 - a client address (outside ``smtpd_client_event_limit_exceptions``, by
   default mynetworks) with ``smtpd_client_connection_count_limit`` live
   sessions: ``421 4.7.0 HOST Error: too many connections from ADDR``, logged
@@ -17,17 +20,15 @@ that admission is decided before a session exists:
   worker (``ListenerContext.anvil``, ``qmgrd.listener.limits.SharedCounts``),
   asked before the session starts.
 
+Accepting itself (batches per wake-up, the hold after a refusal for
+capacity, the pause when descriptors run out, the refusal's one ``send``) is
+``qmgrd.listener.accepting``.
+
 The cap is also kept within the process's open-file limit: a session may
 hold two descriptors (its socket and its queue file), and ``_FD_RESERVE`` are
 left for the rest of the daemon (spool work, delivery connections), so with
 a soft ``RLIMIT_NOFILE`` of 1024 at most 384 sessions are admitted (logged at
 start when that lowers ``smtpd_session_limit``; the systemd unit sets 65536).
-
-When ``accept`` fails for lack of file descriptors or memory (EMFILE,
-ENFILE, ENOBUFS, ENOMEM) the listener logs a warning, stops accepting for
-``_ACCEPT_RETRY`` seconds (the pending clients wait in the kernel's backlog)
-and then tries again: sessions in progress go on, and new clients are
-served as soon as descriptors are free again.
 
 Each admitted connection becomes a ``Session`` task (``qmgrd.listener.session``)
 with the settings current at accept time; a reload (``update``) applies to
@@ -37,8 +38,6 @@ new sessions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import resource
 import socket
 import ssl
@@ -46,11 +45,12 @@ import time
 from collections.abc import Callable, Sequence
 
 from qmgrd.errors import ConfigError
+from qmgrd.listener.accepting import ACCEPT_BATCH, UNAVAILABLE, Acceptor, refuse
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
-from qmgrd.listener.inflow import OVERLOAD_REPLY
+from qmgrd.listener.inflow import IntakeGate, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
 from qmgrd.listener.observer import NULL_INTAKE, Committed, IntakeObserver
 from qmgrd.listener.session import ListenerContext, Session
@@ -58,10 +58,7 @@ from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
 
-ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
-_ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
-_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _FD_RESERVE = 256  # descriptors kept for everything but sessions
 _CLOSE_WAIT = 10.0  # seconds wait_closed gives sessions to clean up after a disconnect
 
@@ -70,11 +67,11 @@ class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
     __slots__ = (
-        "_accept_batch",
         "_fd_cap",
+        "_limited",
         "_loop",
-        "_sockets",
         "_tasks",
+        "acceptor",
         "committer",
         "ctx",
         "owns_shared",
@@ -89,15 +86,15 @@ class ListenerHandle:
         settings: ListenerSettings,
     ) -> None:
         self._loop = loop
-        self._sockets: list[socket.socket] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.ctx = ctx
         self.committer = ctx.committer
         self.sessions: set[Session] = set()
         self.settings = settings
         self.owns_shared = True  # wait_closed closes the committer and password pool
-        self._accept_batch = ACCEPT_BATCH
+        self.acceptor = Acceptor(loop, self._admit)
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
 
     def _check_cap(self, settings: ListenerSettings) -> None:
@@ -126,75 +123,51 @@ class ListenerHandle:
     def addresses(self) -> list[tuple[str, int]]:
         """The bound (host, port) pairs; tests bind port 0 and read the real port here."""
         out = []
-        for sock in self._sockets:
+        for sock in self.acceptor.sockets:
             if sock.fileno() >= 0:
                 name = sock.getsockname()
                 out.append((str(name[0]), int(name[1])))
         return out
 
-    # -- accepting ----------------------------------------------------------------------
-
-    def _listen(self, sock: socket.socket) -> None:
-        self._sockets.append(sock)
-        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
-
-    def _on_readable(self, sock: socket.socket) -> None:
-        for _ in range(self._accept_batch):
-            try:
-                conn, peer = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in _OUT_OF_RESOURCES:
-                    self._pause(sock, exc)
-                    return
-                continue  # ECONNABORTED and the like: that client is gone
-            self._admit(conn, str(peer[0]) if peer else "unknown")
-
-    def _pause(self, sock: socket.socket, exc: OSError) -> None:
-        get_logger("smtpd").warning(
-            "accept connection: out of resources; new clients wait",
-            error=exc.strerror or str(exc),
-            retry_in=f"{_ACCEPT_RETRY}s",
-        )
-        self._loop.remove_reader(sock.fileno())
-        self._loop.call_later(_ACCEPT_RETRY, self._resume, sock)
-
-    def _resume(self, sock: socket.socket) -> None:
-        if sock.fileno() >= 0:  # not closed meanwhile
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
-
-    def _admit(self, conn: socket.socket, addr: str) -> None:
+    def _admit(self, conn: socket.socket, addr: str) -> bool:
+        """Start a session for ``conn``, or refuse it; False: refused for lack of capacity."""
         settings = self.settings
-        counters = self.ctx.counters
-        log = get_logger("smtpd")
-        client = f"unknown[{addr}]"
-        self.ctx.observer.connected()
+        ctx = self.ctx
+        counters = ctx.counters
+        ctx.observer.connected()
         if counters.total >= min(settings.session_limit, self._fd_cap):
-            log.warning(
-                "session limit reached: connection refused",
-                client=client,
-                smtpd_session_limit=min(settings.session_limit, self._fd_cap),
-            )
-            _refuse(conn, "421 4.3.2 Service currently unavailable")
-            self.ctx.observer.rejected("limits")
-            return
-        if not self.ctx.inflow.admit_session():  # regulator: over capacity (listener.inflow)
-            if count := self.ctx.inflow.note_refusals():
-                log.warning("over capacity: connections refused", client=client, count=count)
-            _refuse(conn, OVERLOAD_REPLY)
-            self.ctx.observer.rejected("limits")
-            return
+            refuse(conn, UNAVAILABLE)
+            ctx.observer.rejected("limits")
+            self._limited.add()
+            if count := self._limited.take():
+                get_logger("smtpd").warning(
+                    "session limit reached: connection refused",
+                    client=f"unknown[{addr}]",
+                    smtpd_session_limit=min(settings.session_limit, self._fd_cap),
+                    count=count,
+                )
+            return False
+        gate = ctx.inflow
+        if not gate.admit_session():  # regulator: over capacity (listener.inflow)
+            refuse(conn, UNAVAILABLE)
+            ctx.observer.rejected("limits")
+            if count := gate.note_refusals():
+                get_logger("smtpd").warning(
+                    "over capacity: connections refused", client=f"unknown[{addr}]", count=count
+                )
+            return False
         limit = settings.client_connection_limit
         limited = limit > 0 and not settings.limit_exempt(addr)
         anvil = self.ctx.anvil if limited else None
         if limited and anvil is None and counters.sessions(addr) >= limit:
+            gate.started()  # admitted by the gate, but ends here
             self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
-            return
+            return True  # that client's limit, not this listener's capacity
         counters.connect(addr)
-        task = self._loop.create_task(self._serve(conn, addr, settings, anvil))
+        task = self._loop.create_task(self._serve(conn, addr, settings, gate, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     def _refuse_concurrency(
         self, conn: socket.socket, addr: str, count: int, settings: ListenerSettings
@@ -206,7 +179,7 @@ class ListenerHandle:
             client=f"unknown[{addr}]",
             service="smtp",
         )
-        _refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
+        refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
         self.ctx.observer.rejected("limits")
 
     async def _serve(
@@ -214,13 +187,15 @@ class ListenerHandle:
         conn: socket.socket,
         addr: str,
         settings: ListenerSettings,
+        gate: IntakeGate,
         anvil: SharedCounts | None = None,
     ) -> None:
-        """Serve one admitted connection; with ``anvil`` the client's count is asked there
-        first (every listener process's sessions: ``limits.SharedCounts``; no answer in
-        time: this process's count)."""
+        """Serve one connection ``gate`` admitted; with ``anvil`` the client's count is asked
+        there first (every listener process's sessions: ``limits.SharedCounts``; no answer in
+        time: this process's count). ``gate.started()`` once, when the session begins or
+        the connection ends before it."""
         if anvil is None:
-            await self._session(conn, addr, settings)
+            await self._session(conn, addr, settings, gate)
             return
         served = False
         try:
@@ -231,14 +206,17 @@ class ListenerHandle:
                 self._refuse_concurrency(conn, addr, count, settings)
                 return
             served = True
-            await self._session(conn, addr, settings)
+            await self._session(conn, addr, settings, gate)
         finally:
             if not served:  # refused, or cancelled while asking: _session's cleanup
+                gate.started()
                 conn.close()
                 self.ctx.counters.disconnect(addr)
             anvil.disconnect(addr)
 
-    async def _session(self, conn: socket.socket, addr: str, settings: ListenerSettings) -> None:
+    async def _session(
+        self, conn: socket.socket, addr: str, settings: ListenerSettings, gate: IntakeGate
+    ) -> None:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
@@ -259,6 +237,8 @@ class ListenerHandle:
             conn.close()
             self.ctx.counters.disconnect(addr)
             return
+        finally:
+            gate.started()  # began (or never will): no longer pending
         session = Session(chan, settings, self.ctx, addr)
         self.sessions.add(session)
         self.ctx.observer.session_started()
@@ -278,10 +258,7 @@ class ListenerHandle:
 
     def close(self) -> None:
         """Stop accepting connections (sessions in progress carry on until wait_closed)."""
-        for sock in self._sockets:
-            if sock.fileno() >= 0:
-                self._loop.remove_reader(sock.fileno())
-                sock.close()
+        self.acceptor.close()
 
     async def wait_closed(self) -> None:
         """Disconnect the remaining clients and wait for queued commits to finish.
@@ -306,14 +283,6 @@ def fd_session_cap(nofile: int) -> int:
     if nofile == resource.RLIM_INFINITY:
         return 1 << 30
     return max(1, (nofile - _FD_RESERVE) // 2)
-
-
-def _refuse(conn: socket.socket, reply: str) -> None:
-    """Send one reply line to a connection we will not serve, and close it."""
-    with contextlib.suppress(OSError):
-        conn.setblocking(False)
-        conn.send(reply.encode("ascii", "replace") + b"\r\n")
-    conn.close()
 
 
 async def start_listener(
@@ -353,7 +322,7 @@ async def start_listener(
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None
-    handle._accept_batch = max(1, accept_batch)
+    handle.acceptor.batch = max(1, accept_batch)
     if sockets is None:
         try:
             sockets = bind_listener(settings)
@@ -363,7 +332,7 @@ async def start_listener(
             raise
     for sock in sockets:
         sock.setblocking(False)
-        handle._listen(sock)
+        handle.acceptor.listen(sock)
     get_logger("smtpd").info(
         "listening",
         service=settings.service,

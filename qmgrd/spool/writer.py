@@ -12,6 +12,10 @@ buffer to it. A message that fits in the buffer (the common case) is never
 flushed: ``commit()`` writes it in one go, byte for byte what
 ``records.encode_queue_file`` produces. So memory per message is bounded by
 the buffer, not by the number of recipients or the size of the content.
+Content pieces of ``_SMALL`` bytes or more (DATA's chunks as received) are
+not copied into the buffer: they are kept as given, after it, and written
+together with it by one ``writev``; once ``_MAX_PARTS`` pieces wait (a big
+one followed by many small ones), they are joined into the buffer (one copy).
 
 The record format (``qmgrd.spool.records``) puts two values that are only
 known at the end before the data they describe:
@@ -44,7 +48,7 @@ linked into ``hold/`` instead, with the same discipline (and a fsync of
 REDIRECT (``replace_recipients``) works for any size: while nothing was
 flushed the buffer is rewritten; after a flush, ``commit()`` writes a new
 temporary file (head, new recipients, the content copied from the old file
-in ``COPY_CHUNK`` pieces) and renames it over the old one before finishing.
+in ``diskio.COPY_CHUNK`` pieces) and renames it over the old one before finishing.
 
 ``discard()`` removes the temporary file: a refused, reset or aborted
 transaction leaves nothing. Temporaries of a writer that died
@@ -60,12 +64,19 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Sequence
+from typing import cast
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.diskio import (
+    _copy,
+    _padding,
+    _pwrite_all,
+    _write_all,
+    sync_directories,
+)
 from qmgrd.spool.head import EnvelopeHead
 from qmgrd.spool.records import (
     REC_CONTENT,
-    REC_DONE,
     REC_END,
     REC_SIZE,
     RecipientSpec,
@@ -74,6 +85,7 @@ from qmgrd.spool.records import (
     encode_varint,
 )
 from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
+from qmgrd.spool.store import _write_all as _writev_all  # writev until all is written
 
 __all__ = [
     "FLUSH_SIZE",
@@ -85,9 +97,10 @@ __all__ = [
 
 GAP = 13  # reserved for padding + "M" + varint(content size): marker <= 10 bytes, padding >= 3
 FLUSH_SIZE = 128 * 1024
-COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 _SIZE_RECORD_LEN = 65  # "C" + varint(63) + 63 bytes
 _SIZE_FORMAT = b"%15d %15d %15d %15d"
+_SMALL = 4096  # content pieces below this are copied into the buffer (a 1 KB message: one piece)
+_MAX_PARTS = 64  # content pieces kept apart before they are joined (writev's list stays short)
 
 
 class QueueFileWriter:
@@ -99,6 +112,8 @@ class QueueFileWriter:
         "_fd",
         "_flushed",
         "_gap_at",
+        "_parts",
+        "_parts_size",
         "_rcpt_at",
         "_spool",
         "content_size",
@@ -115,6 +130,8 @@ class QueueFileWriter:
         self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
         self._buf += head.encode()
         self._rcpt_at = len(self._buf)  # where the recipient records start
+        self._parts: list[bytes] = []  # content chunks after _buf, kept as given (no copy)
+        self._parts_size = 0
         self._flushed = 0  # bytes of the file already written (the buffer follows them)
         self._fd = -1
         self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
@@ -128,11 +145,11 @@ class QueueFileWriter:
     @property
     def needs_flush(self) -> bool:
         """The buffer is full: run ``flush()`` (in a thread) before adding more."""
-        return len(self._buf) >= self.flush_size
+        return len(self._buf) + self._parts_size >= self.flush_size
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return len(self._buf) + self._parts_size
 
     def add_recipient(self, rcpt: RecipientSpec) -> None:
         if self._gap_at >= 0 or self._closed:
@@ -166,7 +183,15 @@ class QueueFileWriter:
     def add_content(self, data: bytes) -> None:
         if self._gap_at < 0 or self._closed:
             raise InvariantError("add_content before begin_content or after the end")
-        self._buf += data
+        if self._parts or len(data) >= _SMALL:
+            self._parts.append(data)  # written by writev as it is: no copy
+            self._parts_size += len(data)
+            if len(self._parts) >= _MAX_PARTS:  # many small pieces: one copy, bounded list
+                self._buf += b"".join(self._parts)
+                self._parts = []
+                self._parts_size = 0
+        else:
+            self._buf += data
         self.content_size += len(data)
 
     # -- disk work (worker thread) -----------------------------------------------------
@@ -188,24 +213,29 @@ class QueueFileWriter:
             raise InvariantError("flush after the end")
         try:
             self._open()
-            _write_all(self._fd, self._buf)
+            self._write_buffered()
         except OSError as exc:
             self.discard()
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
-        self._flushed += len(self._buf)
+
+    def _write_buffered(self, tail: bytes = b"") -> None:
+        """Append the buffer, the content chunks and ``tail`` with one writev; empty them."""
+        # store's helper is typed for bytes; writev takes any buffer (the bytearray too)
+        _writev_all(self._fd, cast("list[bytes]", [self._buf, *self._parts, tail]))
+        self._flushed += len(self._buf) + self._parts_size + len(tail)
         self._buf = bytearray()
+        self._parts = []
+        self._parts_size = 0
 
     def _rebuild(self, rcpts: bytes) -> None:
         """REDIRECT after a flush: a new temporary file with ``rcpts`` replaces the old one.
 
         The C placeholder and envelope head are read back (small), the content
-        already written is copied in ``COPY_CHUNK`` pieces; the new file is
+        already written is copied in ``diskio.COPY_CHUNK`` pieces; the new file is
         renamed over the old temporary name, so a crash leaves one of them.
         """
         self._open()
-        _write_all(self._fd, self._buf)
-        self._flushed += len(self._buf)
-        self._buf = bytearray()
+        self._write_buffered()
         content_at, end = self._gap_at + GAP, self._flushed
         head = os.pread(self._fd, self._rcpt_at, 0)
         if len(head) != self._rcpt_at:
@@ -265,17 +295,17 @@ class QueueFileWriter:
             else:
                 content_offset = self._gap_at + GAP
                 fixup = _padding(GAP - len(marker)) + marker
-            self._buf += encode_record(REC_END, b"")
             size = encode_record(
                 REC_SIZE, _SIZE_FORMAT % (self.content_size, content_offset, self.rcpt_count, 0)
             )
-            if self._flushed == 0:
+            inline = self._flushed == 0  # the C placeholder is still in the buffer
+            if inline:
                 self._buf[:_SIZE_RECORD_LEN] = size
             self._open()
-            _write_all(self._fd, self._buf)
+            self._write_buffered(encode_record(REC_END, b""))
             if fixup:
                 _pwrite_all(self._fd, fixup, self._gap_at)
-            if self._flushed:
+            if not inline:
                 _pwrite_all(self._fd, size, 0)
         except OSError as exc:
             self.discard()
@@ -329,6 +359,8 @@ class QueueFileWriter:
         """Close and remove the temporary file, if any; idempotent, never raises."""
         self._closed = True
         self._buf = bytearray()
+        self._parts = []
+        self._parts_size = 0
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
@@ -354,63 +386,3 @@ def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str
     ]
     error = sync_directories(spool, committed)
     return results if error is None else [error for _ in results]
-
-
-def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> SpoolError | None:
-    """Fsync each target directory of ``committed`` (target, queue id) pairs once.
-
-    On failure every committed file is unlinked (none was acknowledged, so none
-    may stay where the queue manager would find it) and the error is returned.
-    """
-    if not committed or not spool.fsync:
-        return None
-    try:
-        for target in sorted({t for t, _ in committed}):
-            fd = os.open(f"{spool.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    except OSError as exc:
-        for target, queue_id in committed:
-            with contextlib.suppress(OSError):
-                os.unlink(f"{spool.root}/{target}/{queue_id}")
-        return SpoolError(f"queue directory sync error: {exc.strerror or exc}")
-    return None
-
-
-def _padding(length: int) -> bytes:
-    """A D record of exactly ``length`` bytes (3..11): flags 0 and a NUL address."""
-    if not 3 <= length <= 129:
-        raise InvariantError(f"padding of {length} bytes")
-    return bytes((REC_DONE, length - 2, 0)) + bytes(length - 3)
-
-
-def _copy(src: int, dst: int, offset: int, length: int) -> None:
-    """Append ``length`` bytes of ``src`` from ``offset`` to ``dst``, COPY_CHUNK at a time."""
-    while length > 0:
-        chunk = os.pread(src, min(COPY_CHUNK, length), offset)
-        if not chunk:
-            raise OSError(f"queue file shorter than written ({length} bytes missing)")
-        _write_all(dst, chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-
-
-def _write_all(fd: int, data: bytearray | bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        if written == 0:
-            raise OSError(f"write returned 0 with {len(view)} bytes left")
-        view = view[written:]
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written == 0:
-            raise OSError(f"pwrite returned 0 with {len(view)} bytes left")
-        view = view[written:]
-        offset += written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from qmgrd.core.sessioncap import FLOOR
 from tests.integration.test_workers import TIMEOUT, _relay, _stopped
 from tests.support.waits import wait_until
 
@@ -42,7 +43,9 @@ async def test_each_workers_session_cap_and_loop_lag_are_exported(tmp_path: Path
         stalled = relay.proc.children()[0]  # the lower pid: slot 1, started first
         with _stopped([stalled]):
             await asyncio.sleep(1.5)  # not a wait: the stall the worker's loop lives through
-        await wait_until(lambda: relay.metric(_cap(1)) == 10, "the stalled worker's cap", TIMEOUT)
+        await wait_until(
+            lambda: relay.metric(_cap(1)) == FLOOR, "the stalled worker's cap", TIMEOUT
+        )
         for worker, stalls in ((1, True), (2, False)):  # samples over 1 s late: worker 1's only
             late = relay.metric(_lag_count(worker)) - relay.metric(_lag_over(worker, "1.0"))
             assert (late > 0) is stalls, (worker, late)

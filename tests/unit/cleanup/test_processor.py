@@ -328,3 +328,13 @@ def test_random_header_soup_never_raises_and_is_bounded(
     assert p.outcome.disposition in set(Disposition)
     again, _ = run(message, s=s, i=info(local=local))
     assert again == out
+
+
+def test_body_chunks_pass_through_uncopied() -> None:
+    """Once the header section has ended, each fed chunk comes back as the same object."""
+    p = HeaderProcessor(make_settings(), info(local=False))
+    first = p.feed(b"Subject: hi\r\n\r\nbody starts")
+    assert first.endswith(b"Subject: hi\r\n\r\nbody starts")
+    body = b"more body\r\n" * 10_000
+    assert p.feed(body) is body
+    assert p.finish() == b""

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from qmgrd.config import load_config
-from qmgrd.daemon.intakeflow import FlowCollector, FlowSettings, IntakeRegulator, refill
+from qmgrd.daemon.intakeflow import (
+    FlowCollector,
+    FlowSettings,
+    IntakeRegulator,
+    WorkerRegulator,
+    refill,
+)
 from qmgrd.daemon.looplag import LoopLag, quantile
 from qmgrd.daemon.workpool import WorkPool
 from tests.support.clock import FakeClock
@@ -160,23 +167,65 @@ async def test_a_stall_records_the_samples_it_hid() -> None:
 
 
 async def test_the_session_cap_follows_the_loop_lag() -> None:
-    """A lagging loop lowers the cap below the live sessions: new connections are refused."""
+    """A window whose worst lag passes half the limit lowers the cap below the live sessions:
+    new connections are refused; each tick looks at the samples since the last one."""
     lag = LoopLag(interval=0.01)
     reg = _regulator(FlowSettings(lag_limit=0.04, session_limit=100), [0], [False], lag)
     reg.sessions = lambda: 50
     try:
         assert reg.gate.admit_session()
         for _ in range(30):
-            lag.observe(0.03)  # below the limit: not overloaded, the cap does not bind
+            lag.observe(0.019)  # below the target (half the limit): the cap stays
         reg._on_tick()
         assert reg.cap.limit == 100 and reg.gate.admit_session()
+        reg.gate.started()
+        reg.gate.started()  # both admitted sessions began: counted in sessions() now
         for _ in range(30):
-            lag.observe(0.2)
+            lag.observe(0.001)
+        lag.observe(0.021)  # one sample over the target in the window is enough
         reg._on_tick()
-        assert reg.cap.limit == 37  # three quarters of the 50 live sessions
+        assert reg.cap.limit == 40  # four fifths of the 50 live sessions
+        assert lag.take_worst() < 0.021  # the tick took the window: a new one begins
         reg.configure(FlowSettings(lag_limit=0.5, session_limit=100))
-        assert reg.session_full() and not reg.overloaded()  # lag 0.2 < 0.5: only the cap
+        assert reg.session_full() and not reg.overloaded()  # small lag: only the cap
         assert not reg.gate.admit_session()
+    finally:
+        reg.stop()
+
+
+async def test_admitted_connections_count_against_the_cap_until_their_session_begins() -> None:
+    """In a listener worker (whose owner counts sessions once begun) a burst accepted in one
+    wake-up cannot pass the cap before its sessions have begun: each admission counts as
+    pending until the listener reports ``started()``."""
+    r, w = os.pipe()
+    reg = WorkerRegulator(r, FlowSettings(lag_limit=0.05, session_limit=30))
+    try:
+        live = [25]
+        reg.sessions = lambda: live[0]
+        admitted = sum(reg.gate.admit_session() for _ in range(10))
+        assert admitted == 5 and reg.gate.pending == 5 and reg.session_full()
+        for _ in range(5):
+            reg.gate.started()
+        assert reg.gate.pending == 0 and not reg.session_full()
+        live[0] = 30  # they began: the owner's count has them now
+        assert reg.session_full()
+    finally:
+        reg.stop()
+        os.close(r)
+        os.close(w)
+
+
+async def test_in_process_the_listeners_counters_have_the_pending_connections_already() -> None:
+    """In process the owner counts connections from admission (the listeners' counters):
+    pending ones are not counted twice, so a burst fills the cap exactly."""
+    reg = _regulator(FlowSettings(lag_limit=0.05, session_limit=5), [0], [False])
+    counted = [0]
+    reg.sessions = lambda: counted[0]
+    try:
+        for _ in range(10):
+            if reg.gate.admit_session():
+                counted[0] += 1  # the listener's ClientCounters.connect
+        assert counted[0] == 5 and reg.gate.pending == 5
     finally:
         reg.stop()
 

@@ -33,3 +33,19 @@ async def test_read_without_timeout_waits_for_data() -> None:
     chan = Channel(1024)
     asyncio.get_running_loop().call_soon(chan.data_received, b"x")
     assert await asyncio.wait_for(chan.read(10), 5.0) == b"x"
+
+
+async def test_whole_chunks_are_handed_out_as_received() -> None:
+    """A read that takes a whole chunk returns that object (no copy); a larger one is split."""
+    chan = Channel(1 << 20)
+    big = b"x" * 100_000
+    chan.data_received(big)
+    assert await chan.read(1 << 20, 1.0) is big
+    chan.data_received(b"ab")
+    chan.data_received(b"cd")
+    chan.data_received(b"efgh")
+    assert await chan.read(5, 1.0) == b"abcd"  # small chunks that fit are joined
+    assert await chan.read(2, 1.0) == b"ef"  # split: the rest stays first
+    assert await chan.read(100, 1.0) == b"gh"
+    chan.eof_received()
+    assert await chan.read(100, 1.0) == b""

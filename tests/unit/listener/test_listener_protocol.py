@@ -35,6 +35,32 @@ def _drain(proto: ServerProtocol) -> list[Event]:
     raise AssertionError("next_event never returned None")
 
 
+def _chunked(
+    proto: ServerProtocol, wire: bytes, cuts: list[int], held: int | None = None
+) -> tuple[bytes, list[Event]]:
+    """DATA fed in pieces of the ``cuts`` sizes (in turn); (content, the events after it).
+
+    With ``held``, the protocol never keeps more than that many bytes in DATA.
+    """
+    proto.start_data()
+    got = bytearray()
+    events: list[Event] = []
+    pos = 0
+    for i in range(len(wire)):  # bounded: each round feeds at least one byte
+        if pos >= len(wire):
+            break
+        step = cuts[i % len(cuts)]
+        proto.receive_data(wire[pos : pos + step])
+        pos += step
+        for event in _drain(proto):
+            if isinstance(event, Content) and not events:
+                got += event.data
+            else:
+                events.append(event)
+        assert held is None or proto.buffered <= held or proto.mode is not Mode.DATA
+    return bytes(got), events
+
+
 def _data(proto: ServerProtocol, wire: bytes, step: int) -> tuple[bytes, list[Event]]:
     """Feed ``wire`` in ``step``-byte pieces in DATA mode; (content, non-content events)."""
     proto.start_data()
@@ -116,27 +142,17 @@ def test_random_messages_survive_stuffing_and_any_chunking(
         stuffed = b"." + stuffed
     wire = stuffed + b".\r\nNOOP\r\n"
     proto = ServerProtocol()
-    proto.start_data()
-    got = bytearray()
-    events: list[Event] = []
-    pos = 0
-    i = 0
-    while pos < len(wire):
-        step = cuts[i % len(cuts)]
-        i += 1
-        proto.receive_data(wire[pos : pos + step])
-        pos += step
-        for event in _drain(proto):
-            if isinstance(event, Content):
-                got += event.data
-            else:
-                events.append(event)
-    assert bytes(got) == content
+    got, events = _chunked(proto, wire, cuts)
+    assert got == content
     assert events == [DataEnd(len(content)), Command("NOOP", "")]
 
 
 def test_data_memory_is_bounded_by_what_was_just_received() -> None:
-    """10 MB of DATA in 64 KiB pieces: the protocol never holds more than four bytes back."""
+    """10 MB of DATA in 64 KiB pieces: the protocol holds nothing back between them.
+
+    Each piece ends with CRLF and is handed on whole; the "." that follows in
+    the last piece is read with the CRLF before it (the end marker).
+    """
     proto = ServerProtocol()
     proto.start_data()
     piece = (b"x" * 78 + b"\r\n") * 819
@@ -146,11 +162,11 @@ def test_data_memory_is_bounded_by_what_was_just_received() -> None:
         for event in _drain(proto):
             assert isinstance(event, Content)
             total += len(event.data)
-        assert proto.buffered <= 4
+        assert proto.buffered == 0
     proto.receive_data(b".\r\n")
     last = _drain(proto)
-    assert last == [Content(b"xx\r\n"), DataEnd(160 * len(piece))]
-    assert total + 4 == 160 * len(piece)
+    assert last == [Content(b""), DataEnd(160 * len(piece))]
+    assert total == 160 * len(piece)
 
 
 def test_overlong_line_is_discarded_as_it_arrives_and_the_session_goes_on() -> None:
@@ -187,7 +203,7 @@ def test_end_of_stream_is_the_last_event_and_says_whether_data_was_cut() -> None
     proto.start_data()
     proto.receive_data(b"partial\r\n")
     proto.receive_eof()
-    assert _drain(proto) == [Content(b"parti"), Closed(in_data=True)]
+    assert _drain(proto) == [Content(b"partial\r\n"), Closed(in_data=True)]
 
 
 def test_undecodable_bytes_in_commands_are_kept_with_surrogateescape() -> None:
@@ -261,3 +277,54 @@ def test_dialogue_moves_and_illegal_moves() -> None:
     assert dialogue.phase is Phase.READY and not dialogue.in_transaction
     dialogue.helo("other", extended=False)
     assert (dialogue.extended, dialogue.helo_name) == (False, "other")
+
+
+def test_data_chunks_without_a_stuffed_dot_are_handed_on_uncopied() -> None:
+    """The common 100 KB case: each chunk is scanned once and handed on as the same object."""
+    proto = ServerProtocol()
+    proto.start_data()
+    proto.receive_data(b"Subject: x\r\n\r\nfirst")  # the start: the stream's CRLF is prepended
+    assert _drain(proto) == [Content(b"Subject: x\r\n\r\nfirst")]
+    middle = b"line\r\n" * 10_000 + b"no line end yet"
+    proto.receive_data(middle)
+    (event,) = _drain(proto)
+    assert isinstance(event, Content) and event.data is middle
+    proto.receive_data(b"\r\n..dot\r\n.\r\nQUIT\r\n")
+    assert _drain(proto) == [
+        Content(b"\r\n.dot\r\n"),
+        DataEnd(len(b"Subject: x\r\n\r\nfirst") + len(middle) + len(b"\r\n.dot\r\n")),
+        Command("QUIT", ""),
+    ]
+
+
+def _reference(wire: bytes) -> tuple[bytes, bytes] | None:
+    """RFC 5321 read naively over the whole stream: (content, bytes after) or None (no end)."""
+    stream = b"\r\n" + wire
+    end = stream.find(b"\r\n.\r\n")
+    if end < 0:
+        return None
+    return stream[: end + 2].replace(b"\r\n.", b"\r\n")[2:], stream[end + 5 :]
+
+
+@given(
+    wire=st.lists(st.sampled_from([b"\r\n", b"\r", b"\n", b".", b"..", b"x", b"\r\n.\r\n"]))
+    .map(b"".join),
+    cuts=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=10),
+)
+def test_any_bytes_in_any_chunks_read_as_the_whole_stream_would(
+    wire: bytes, cuts: list[int]
+) -> None:
+    """Chunking never changes where DATA ends, what is unstuffed or what follows."""
+    proto = ServerProtocol()
+    got, events = _chunked(proto, wire, cuts, held=2)
+    expected = _reference(wire)
+    if expected is None:  # no end yet: a prefix of the unstuffed stream, at most ".\r" held
+        full = (b"\r\n" + wire).replace(b"\r\n.", b"\r\n")[2:]
+        assert events == [] and proto.mode is Mode.DATA
+        assert full.startswith(got) and len(full) - len(got) <= 2
+    else:  # what follows the marker is read as commands, as if sent on its own
+        content, rest = expected
+        assert got == content
+        after = ServerProtocol()
+        after.receive_data(rest)
+        assert events == [DataEnd(len(content)), *_drain(after)]

@@ -52,7 +52,7 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
 ) -> None:
     loop_thread = threading.get_ident()
     events: list[tuple[str, bool]] = []  # (what, on the loop thread)
-    real_fsync, real_link, real_write = os.fsync, os.link, os.write
+    real_fsync, real_link, real_writev = os.fsync, os.link, os.writev
 
     def fsync(fd: int) -> None:
         what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
@@ -63,13 +63,13 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
         events.append(("link", threading.get_ident() == loop_thread))
         real_link(src, dst)
 
-    def write(fd: int, data: bytes) -> int:
+    def writev(fd: int, buffers: list[memoryview]) -> int:
         events.append(("write", threading.get_ident() == loop_thread))
-        return real_write(fd, data)
+        return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
-    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "writev", writev)
     runner = ThreadRunner()
     committer = GroupCommitter(spool, pool=runner)
     writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
@@ -145,10 +145,10 @@ class GateRunner:
 async def test_batches_go_to_disk_concurrently_up_to_max_flights(
     spool: Spool, flights: int
 ) -> None:
-    """While batches are on disk, later commits start more batches up to ``max_flights``; the
-    rest wait for the next batch, and every message lands once."""
+    """While batches are on disk, commits that waited ``stall`` (0 here) start more batches up
+    to ``max_flights``; the rest wait for the next batch, and every message lands once."""
     runner = GateRunner()
-    committer = GroupCommitter(spool, pool=runner, max_flights=flights)
+    committer = GroupCommitter(spool, pool=runner, max_flights=flights, stall=0)
     pending: list[asyncio.Task[str]] = []
     for i in range(6):  # one commit per loop pass, each after the previous batch left
         runner.waiting.clear()
@@ -163,3 +163,23 @@ async def test_batches_go_to_disk_concurrently_up_to_max_flights(
     await committer.close()
     assert runner.most == flights
     assert len(set(ids)) == 6 and set(ids) == set(spool.list_ids("incoming"))
+
+
+async def test_a_commit_waits_for_the_batch_on_disk_until_it_has_stalled(spool: Spool) -> None:
+    """Before ``stall`` has passed, commits queue behind the batch on disk (one flight, one
+    hop for all of them); the first commit of an idle committer goes to disk at once."""
+    runner = GateRunner()
+    committer = GroupCommitter(spool, pool=runner, max_flights=4, stall=60)
+    first = asyncio.create_task(committer.commit_writer(_writer(spool, b"first\n")))
+    await asyncio.wait_for(runner.waiting.wait(), 5)
+    later = [
+        asyncio.create_task(committer.commit_writer(_writer(spool, b"%d\n" % i))) for i in range(3)
+    ]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert runner.in_flight == 1
+    runner.gate.set()
+    ids = await asyncio.wait_for(asyncio.gather(first, *later), 10)
+    await committer.close()
+    assert runner.most == 1
+    assert set(ids) == set(spool.list_ids("incoming")) and len(set(ids)) == 4

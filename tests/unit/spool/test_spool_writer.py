@@ -287,3 +287,27 @@ def test_commit_under_a_given_queue_id(spool: Spool) -> None:
     with pytest.raises(SpoolError):
         spool.commit(_envelope(), b"b\r\n", queue_id=qid)
     assert read_content(spool.path("incoming", qid)) == b"a\r\n"
+
+
+@pytest.mark.parametrize("flush_size", [1 << 20, 65536])
+def test_content_pieces_of_any_size_make_the_same_file(spool: Spool, flush_size: int) -> None:
+    """Big pieces kept as given (one writev), small ones copied, runs of them joined: same file."""
+    sizes = [1, 5000, 3, 70000, 4095, 4096, 9000] + [7] * 200 + [100_000] + [1] * 70
+    content = bytes(i % 251 for i in range(sum(sizes)))
+    writer = QueueFileWriter(spool, HEAD, flush_size=flush_size)
+    for rcpt in RCPTS:
+        writer.add_recipient(rcpt)
+    writer.begin_content()
+    pos = 0
+    for size in sizes:
+        writer.add_content(content[pos : pos + size])
+        pos += size
+        if writer.needs_flush:
+            writer.flush()
+        assert writer.buffered < flush_size + 100_000
+    (qid,) = commit_writers(spool, [writer])
+    assert isinstance(qid, str)
+    if flush_size > len(content):  # never flushed: exactly the one-shot file
+        head, tail = encode_queue_file(_envelope(), len(content))
+        assert spool.path("incoming", qid).read_bytes() == head + content + tail
+    assert read_content(spool.path("incoming", qid)) == content

@@ -1,0 +1,134 @@
+"""Accepting on listening sockets: batches per wake-up, holds after refusals, EMFILE pauses.
+
+Contract
+--------
+An :class:`Acceptor` watches non-blocking listening sockets on the loop (a
+reader callback each) and hands every accepted connection to
+``admit(conn, addr)``, which starts a session or refuses the client and
+answers False when it refused for lack of capacity (the listener's
+``ListenerHandle._admit``). Up to ``batch`` connections are accepted per
+wake-up (``ACCEPT_BATCH``; listener worker processes sharing a socket take
+few, so that an idle one gets its share).
+
+A refusal for capacity costs as little as it can: :func:`refuse` sends the
+reply line once, before any session, TLS or banner, then closes. An acceptor
+whose ``admit`` refused for capacity also stops watching that socket for
+``REFUSE_HOLD`` seconds (several listener processes share each listening
+socket: the connections go meanwhile to one that has room), then answers
+every client waiting in it, ``ACCEPT_DRAIN`` at most, in one go (admitted if
+there is room again, refused otherwise): a refused client waits
+``REFUSE_HOLD`` plus the loop's lag at most, and a flood costs one wake-up
+per hold, not one per connection in every process.
+
+When ``accept`` fails for lack of file descriptors or memory (EMFILE,
+ENFILE, ENOBUFS, ENOMEM) the acceptor logs a warning, stops accepting for
+``_ACCEPT_RETRY`` seconds (the pending clients wait in the kernel's backlog)
+and then tries again: sessions in progress go on, and new clients are
+served as soon as descriptors are free again.
+
+``close()`` stops watching and closes the sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from collections.abc import Callable
+
+from qmgrd.listener.inflow import OVERLOAD_REPLY
+from qmgrd.log import get_logger
+
+__all__ = ["ACCEPT_BATCH", "ACCEPT_DRAIN", "REFUSE_HOLD", "UNAVAILABLE", "Acceptor", "refuse"]
+
+ACCEPT_BATCH = 64  # connections accepted per wake-up before other work runs
+ACCEPT_DRAIN = 256  # connections answered at most when a hold ends
+REFUSE_HOLD = 0.02  # seconds a listener that refused for capacity leaves its socket alone
+UNAVAILABLE = OVERLOAD_REPLY.encode("ascii") + b"\r\n"
+_ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class Acceptor:
+    """The listening sockets of one listener (see the module doc)."""
+
+    __slots__ = ("_admit", "_loop", "batch", "sockets")
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        admit: Callable[[socket.socket, str], bool],
+        batch: int = ACCEPT_BATCH,
+    ) -> None:
+        self._loop = loop
+        self._admit = admit
+        self.batch = batch
+        self.sockets: list[socket.socket] = []
+
+    def listen(self, sock: socket.socket) -> None:
+        """Watch ``sock`` (non-blocking, listening)."""
+        self.sockets.append(sock)
+        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+
+    def _on_readable(self, sock: socket.socket) -> None:
+        self._accept(sock, self.batch)
+
+    def _accept(self, sock: socket.socket, count: int) -> None:
+        """Accept up to ``count`` connections; after a refusal for capacity, hold (module doc)."""
+        full = False
+        for _ in range(count):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno in _OUT_OF_RESOURCES:
+                    self._pause(sock, exc)
+                    return
+                continue  # ECONNABORTED and the like: that client is gone
+            if not self._admit(conn, str(peer[0]) if peer else "unknown"):
+                full = True
+        if full:
+            self._loop.remove_reader(sock.fileno())
+            self._loop.call_later(REFUSE_HOLD, self._drain, sock)
+
+    def _drain(self, sock: socket.socket) -> None:
+        """After a hold: watch the socket again, and answer every client waiting in it."""
+        if sock.fileno() >= 0:  # not closed meanwhile
+            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+            self._accept(sock, ACCEPT_DRAIN)
+
+    def _pause(self, sock: socket.socket, exc: OSError) -> None:
+        get_logger("smtpd").warning(
+            "accept connection: out of resources; new clients wait",
+            error=exc.strerror or str(exc),
+            retry_in=f"{_ACCEPT_RETRY}s",
+        )
+        self._loop.remove_reader(sock.fileno())
+        self._loop.call_later(_ACCEPT_RETRY, self._resume, sock)
+
+    def _resume(self, sock: socket.socket) -> None:
+        if sock.fileno() >= 0:  # not closed meanwhile
+            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+
+    def close(self) -> None:
+        """Stop watching the sockets and close them."""
+        for sock in self.sockets:
+            if sock.fileno() >= 0:
+                self._loop.remove_reader(sock.fileno())
+                sock.close()
+
+
+def refuse(conn: socket.socket, reply: str | bytes) -> None:
+    """Send one reply line to a connection we will not serve, and close it.
+
+    The cheapest answer there is: no TLS, no banner, no session, one
+    non-blocking send of a line that fits any socket buffer, no log line
+    (the callers count refusals and log them a second at a time).
+    """
+    try:
+        conn.setblocking(False)
+        conn.send(reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n")
+    except OSError:
+        pass  # the client is gone already
+    conn.close()
