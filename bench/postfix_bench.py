@@ -290,26 +290,10 @@ class Floor(Relay):
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
         wait_port(port, 60, self.proc)
 
-    def roots(self) -> list[int]:
-        """The one process."""
-        assert self.proc is not None
-        return [self.proc.pid]
-
-    @property
-    def log(self) -> Path:
-        """Its status=sent lines."""
-        return self.root / "maillog"
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 10 s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+    # roots, log (its status=sent lines) and stop: Qmgrd's (one process, maillog under root).
+    roots = Qmgrd.roots
+    log = Qmgrd.log
+    stop = Qmgrd.stop
 
 
 _POSTFIX_MASTER = """\
