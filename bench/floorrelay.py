@@ -39,6 +39,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 _EHLO = b"250-floor.bench\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SIZE 104857600\r\n"
 _END = b"\r\n.\r\n"
@@ -59,7 +60,7 @@ class Relay:
     """Shared state: sinks, destination queues, log buffer, spool."""
 
     sinks: list[int]
-    log: object  # a binary file
+    log: BinaryIO
     spool: Path | None
     fsync_pool: ThreadPoolExecutor | None = None
     queues: dict[int, deque[tuple[Message, list[bytes]]]] = field(default_factory=dict)
@@ -116,8 +117,8 @@ class Relay:
 
     def flush_log(self) -> None:
         """One write for every line of the pass."""
-        self.log.write(b"".join(self.pending_log))  # type: ignore[attr-defined]
-        self.log.flush()  # type: ignore[attr-defined]
+        self.log.write(b"".join(self.pending_log))
+        self.log.flush()
         self.pending_log.clear()
 
     def commit(self, msg: Message) -> asyncio.Future[None]:

@@ -21,6 +21,17 @@ def _have(name: str) -> bool:
     return bool(shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin"))
 
 
+def _bench(*args: str) -> subprocess.CompletedProcess[str]:
+    """bench/postfix_bench.py with ``args``, its output captured (bounded at 120 s)."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "bench" / "postfix_bench.py"), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.skipif(
     not (_have("smtp-source") and _have("smtp-sink")), reason="smtp-source/smtp-sink missing"
 )
@@ -28,31 +39,9 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
     """20 ten-recipient messages over ten sinks through qmgrd, in process and with two
     listener workers (``--smtpd-workers 0,2``), each without and with a delivery worker
     (``--delivery-workers 0,1``): one run line each, no problems."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "postfix_bench.py"),
-            "--shapes",
-            "1k10r10d",
-            "--rounds",
-            "1",
-            "-m",
-            "20",
-            "-s",
-            "4",
-            "--relays",
-            "qmgrd",
-            "--timeout",
-            "60",
-            "--smtpd-workers",
-            "0,2",
-            "--delivery-workers",
-            "0,1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = _bench(
+        *("--shapes", "1k10r10d", "--rounds", "1", "-m", "20", "-s", "4", "--relays", "qmgrd"),
+        *("--timeout", "60", "--smtpd-workers", "0,2", "--delivery-workers", "0,1"),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
@@ -76,17 +65,9 @@ def test_postfix_bench_relays_every_recipient_and_prints_a_summary() -> None:
 def test_the_floor_relays_relay_every_recipient_of_every_destination() -> None:
     """``--relays floor,floor-mem`` (bench/floorrelay.py, durable and in memory): 20
     ten-recipient messages over ten sinks, every recipient logged sent, no problems."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "bench" / "postfix_bench.py"),
-            *("--shapes", "1k10r10d", "--rounds", "1", "-m", "20", "-s", "4"),
-            *("--relays", "floor,floor-mem", "--timeout", "60"),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = _bench(
+        *("--shapes", "1k10r10d", "--rounds", "1", "-m", "20", "-s", "4"),
+        *("--relays", "floor,floor-mem", "--timeout", "60"),
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
