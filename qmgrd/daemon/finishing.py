@@ -68,6 +68,7 @@ from qmgrd.spool import (
     ReasonRecord,
     rewrite_warn_time,
 )
+from qmgrd.spool.recycle import retire
 
 __all__ = ["INTERNAL_DSN", "FinishAction", "Finisher"]
 
@@ -240,7 +241,7 @@ class Finisher:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
         if plan.action in (FinishAction.REMOVED, FinishAction.EXPIRED):
-            spool.remove("active", qid)
+            retire(str(spool.root), "active", qid, qf.content_size)
             if msg.deferred:  # else this pass wrote no defer log (the load removed the old one)
                 spool.remove_reasons("defer", qid)
             return ids

@@ -57,6 +57,7 @@ from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import GroupCommitter, Spool
+from qmgrd.spool.recycle import Recycler
 
 _READ_LIMIT = 65536  # StreamReader buffer: the transport pauses above twice this
 _FD_RESERVE = 256  # descriptors kept for everything but sessions
@@ -319,6 +320,7 @@ async def start_listener(
         passwords=passwords or PasswordChecker(),
         observer=observer,
         gate=gate,
+        recycler=Recycler(str(spool.root)),
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None

@@ -72,6 +72,7 @@ from qmgrd.listener.transaction import Transaction, TransactionIO
 from qmgrd.log import get_logger
 from qmgrd.log.session import CommandCounts
 from qmgrd.spool import GroupCommitter
+from qmgrd.spool.recycle import Recycler
 
 _READ_SIZE = 262144  # a whole chunk as the loop delivers it (uvloop: up to 256 KiB)
 _WRITE_HIGH = 256 * 1024  # replies buffered in the transport before we wait for the client
@@ -92,6 +93,7 @@ class ListenerContext:
     gate: FlowGate = NULL_GATE  # fair admission's intake check (qmgrd.listener.flowgate)
     inflow: IntakeGate = OPEN_GATE  # regulator: in_flow_delay, 421 4.3.2 (listener.inflow)
     anvil: SharedCounts | None = None  # per-client counts of every listener process (limits)
+    recycler: Recycler | None = None  # pooled inodes for temporary queue files (spool.recycle)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: get_logger("smtpd"))
     cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))

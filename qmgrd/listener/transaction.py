@@ -72,7 +72,7 @@ class TransactionIO:
         return free >= max(self.settings.queue_minfree, _MIN_FREE) + size
 
     def begin_transaction(self, head: EnvelopeHead) -> None:
-        writer = QueueFileWriter(self.ctx.committer.spool, head)
+        writer = QueueFileWriter(self.ctx.committer.spool, head, recycler=self.ctx.recycler)
         self.txn = Transaction(head.sender, head.smtputf8, writer)
         self.dialogue.move("mail")
 

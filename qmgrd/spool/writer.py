@@ -50,6 +50,10 @@ flushed the buffer is rewritten; after a flush, ``commit()`` writes a new
 temporary file (head, new recipients, the content copied from the old file
 in ``diskio.COPY_CHUNK`` pieces) and renames it over the old one before finishing.
 
+With a ``recycler`` (``qmgrd.spool.recycle``) the temporary file is a pooled
+one when the pool has any (renamed to the temporary name, written from offset
+0, cut to the written length in ``finish`` before the fsync), else a new one.
+
 ``discard()`` removes the temporary file: a refused, reset or aborted
 transaction leaves nothing. Temporaries of a writer that died
 are removed at start-up (``Spool.remove_temp_files``).
@@ -84,6 +88,7 @@ from qmgrd.spool.records import (
     encode_record,
     encode_varint,
 )
+from qmgrd.spool.recycle import Recycler
 from qmgrd.spool.store import TEMP_PREFIX, QueueName, Spool
 from qmgrd.spool.store import _write_all as _writev_all  # writev until all is written
 
@@ -115,6 +120,8 @@ class QueueFileWriter:
         "_parts",
         "_parts_size",
         "_rcpt_at",
+        "_recycler",
+        "_reused",
         "_spool",
         "content_size",
         "flush_size",
@@ -124,8 +131,17 @@ class QueueFileWriter:
         "target",
     )
 
-    def __init__(self, spool: Spool, head: EnvelopeHead, *, flush_size: int = FLUSH_SIZE) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        head: EnvelopeHead,
+        *,
+        flush_size: int = FLUSH_SIZE,
+        recycler: Recycler | None = None,
+    ) -> None:
         self._spool = spool
+        self._recycler = recycler  # pooled inodes for the temporary file (spool.recycle)
+        self._reused = 0  # a pooled temporary file's old size: cut to length at finish
         self.flush_size = flush_size
         self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
         self._buf += head.encode()
@@ -201,6 +217,10 @@ class QueueFileWriter:
         return f"{self._spool.root}/incoming/{TEMP_PREFIX}{self.queue_id}"
 
     def _open(self) -> None:
+        if self._fd < 0 and self._recycler is not None:
+            claimed = self._recycler.claim(self._temp())
+            if claimed is not None:
+                self._fd, self._reused = claimed
         if self._fd < 0:
             # O_EXCL: ids never repeat within a generator, so EEXIST is an error to report.
             self._fd = os.open(
@@ -255,6 +275,7 @@ class QueueFileWriter:
             raise
         os.close(self._fd)
         self._fd = fd
+        self._reused = 0  # a new file of exactly the length written
         self._gap_at = len(head)
         self._flushed = len(head) + GAP + (end - content_at)
         self.redirect = None
@@ -307,6 +328,8 @@ class QueueFileWriter:
                 _pwrite_all(self._fd, fixup, self._gap_at)
             if not inline:
                 _pwrite_all(self._fd, size, 0)
+            if self._reused > self._flushed:  # a pooled file: its old bytes past ours go
+                os.ftruncate(self._fd, self._flushed)
         except OSError as exc:
             self.discard()
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
