@@ -41,14 +41,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.diskio import sync_directories
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
-from qmgrd.spool.writer import QueueFileWriter, commit_writers
+from qmgrd.spool.writer import QueueFileWriter
 
 _T = TypeVar("_T")
 
@@ -212,3 +213,22 @@ class GroupCommitter:
 def _consume(future: asyncio.Future[str]) -> None:
     if not future.cancelled():
         future.exception()
+
+
+def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
+    """Commit several writers with one fsync per target directory; a result per writer.
+
+    A failed directory fsync fails (and unlinks) every item: none of them was
+    acknowledged, so none may stay where the queue manager would find it.
+    """
+    results: list[str | SpoolError] = []
+    for writer in writers:
+        try:
+            results.append(writer.commit())
+        except SpoolError as exc:
+            results.append(exc)
+    committed = [
+        (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
+    ]
+    error = sync_directories(spool, committed)
+    return results if error is None else [error for _ in results]

@@ -39,7 +39,7 @@ content may name it (cleanup's ``Received: ... id ID`` and ``Message-Id``):
 the end record, fsyncs the file, links it to ``incoming/<id>`` (link never
 replaces a file; only a clash with another process's file, which the
 id generator makes practically impossible, picks a new id) and
-unlinks the temporary name; ``commit_writers`` does that for a batch and
+unlinks the temporary name; ``commit_writers`` (``qmgrd.spool.commit``) does that for a batch and
 fsyncs ``incoming/`` once, so a queue id is returned only once the message
 is durable. A writer whose ``target`` is ``"hold"`` (header_checks HOLD) is
 linked into ``hold/`` instead, with the same discipline (and a fsync of
@@ -96,7 +96,6 @@ __all__ = [
     "FLUSH_SIZE",
     "EnvelopeHead",
     "QueueFileWriter",
-    "commit_writers",
     "sync_directories",
 ]
 
@@ -390,22 +389,3 @@ class QueueFileWriter:
             self._fd = -1
             with contextlib.suppress(OSError):
                 os.unlink(self._temp())
-
-
-def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
-    """Commit several writers with one fsync per target directory; a result per writer.
-
-    A failed directory fsync fails (and unlinks) every item: none of them was
-    acknowledged, so none may stay where the queue manager would find it.
-    """
-    results: list[str | SpoolError] = []
-    for writer in writers:
-        try:
-            results.append(writer.commit())
-        except SpoolError as exc:
-            results.append(exc)
-    committed = [
-        (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
-    ]
-    error = sync_directories(spool, committed)
-    return results if error is None else [error for _ in results]

@@ -9,10 +9,11 @@ import pytest
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool, read_content
+from qmgrd.spool.commit import commit_writers
 from qmgrd.spool.marks import FORCED_EXPIRE_MODE
 from qmgrd.spool.records import encode_queue_file
 from qmgrd.spool.recycle import MAX_SIZE, RECYCLE_DIR, SLOTS, Recycler, retire
-from qmgrd.spool.writer import QueueFileWriter, commit_writers
+from qmgrd.spool.writer import QueueFileWriter
 from tests.unit.spool.test_spool_writer import HEAD, RCPTS, _envelope
 
 

@@ -9,8 +9,9 @@ import pytest
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
+from qmgrd.spool.commit import commit_writers
 from qmgrd.spool.records import encode_queue_file
-from qmgrd.spool.writer import FLUSH_SIZE, EnvelopeHead, QueueFileWriter, commit_writers
+from qmgrd.spool.writer import FLUSH_SIZE, EnvelopeHead, QueueFileWriter
 
 HEAD = EnvelopeHead(
     sender="s\u00e9@x.test",
