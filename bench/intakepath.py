@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/intakepath.py                    # 1 KB and 100 KB, 2000 messages each
     .venv/bin/python bench/intakepath.py --sizes 100 -m 500 --dir /dev/shm
+    .venv/bin/python bench/intakepath.py --remove unlink   # delivered files deleted, not pooled
 
 Each message is one scripted session (EHLO, MAIL, RCPT, DATA with headers as
 smtp-source sends them and a body in 64 KiB reads, QUIT) through the real
@@ -12,7 +13,11 @@ next scripted piece, so there is no socket, no client process and no kernel
 TCP path: what is measured is this process's CPU (``time.process_time``) per
 message, mostly the listener's Python. The spool and maillog live under
 ``--dir`` (default: the system's temporary directory); on tmpfs the file
-system's share is small. Prints one line per size; never asserts anything.
+system's share is small. ``--remove`` plays the queue manager's part once a
+message is ``LAG`` commits old: ``recycle`` (the daemon's: ``spool.recycle.retire``,
+so later temporary files reuse the inodes), ``unlink`` (delete, as before the
+pool) or ``keep``; the CPU of that removal (on the loop's thread) is not
+counted. Prints one line per size; never asserts anything.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,13 +39,16 @@ from qmgrd.daemon.process import loop_factory, open_log_output
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.limits import ClientCounters
+from qmgrd.listener.observer import Committed
 from qmgrd.listener.services import listener_settings
 from qmgrd.listener.session import ListenerContext, Session
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.spool import GroupCommitter, Spool
+from qmgrd.spool.recycle import Recycler, retire
 
 REPO = Path(__file__).resolve().parents[1]
 PARALLEL = 20
+LAG = 200  # commits between a message's commit and its removal (--remove)
 READ = 65536
 _LINE = b"La de da de da 1. La de da de da 2. La de da de da 3. La de da de da 4.\r\n"
 
@@ -74,15 +83,43 @@ class ScriptedClient(Channel):
             self.eof_received()
 
 
-async def run_size(settings: ListenerSettings, spool: Spool, size: int, count: int) -> float:
+class Remover:
+    """The queue manager's removal of delivered files, ``LAG`` commits late (module doc)."""
+
+    def __init__(self, spool: Spool, how: str, size: int) -> None:
+        self.spool, self.how, self.size = spool, how, size
+        self.waiting: deque[str] = deque()
+        self.cpu = 0.0  # this thread's CPU spent removing (not the listener's)
+
+    def committed(self, c: Committed) -> None:
+        if self.how == "keep":
+            return
+        self.waiting.append(c.queue_id)
+        if len(self.waiting) > LAG:
+            self.remove(self.waiting.popleft())
+
+    def remove(self, queue_id: str) -> None:
+        start = time.thread_time()
+        if self.how == "recycle":
+            retire(str(self.spool.root), "incoming", queue_id, self.size)
+        else:
+            self.spool.remove("incoming", queue_id)
+        self.cpu += time.thread_time() - start
+
+
+async def run_size(
+    settings: ListenerSettings, spool: Spool, size: int, count: int, remove: str
+) -> float:
     """CPU seconds per message for ``count`` sessions of a ``size``-byte message."""
     committer = GroupCommitter(spool)
+    remover = Remover(spool, remove, size)
     ctx = ListenerContext(
         committer=committer,
-        on_commit=lambda c: None,
+        on_commit=remover.committed,
         clock=time.time,
         counters=ClientCounters(),
         passwords=PasswordChecker(),
+        recycler=Recycler(str(spool.root)),
     )
     pieces = script(size)
 
@@ -96,7 +133,7 @@ async def run_size(settings: ListenerSettings, spool: Spool, size: int, count: i
         await asyncio.gather(*(one() for _ in range(batch)))
         done += batch
     await committer.close()
-    return (time.process_time() - start) / count
+    return (time.process_time() - start - remover.cpu) / count
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="1,100", help="message sizes in KB (comma list)")
     parser.add_argument("-m", type=int, default=2000, help="messages per size")
     parser.add_argument("--dir", default=None, help="where the spool goes (default: temp dir)")
+    parser.add_argument(
+        "--remove",
+        choices=("recycle", "unlink", "keep"),
+        default="recycle",
+        help="what becomes of a committed message LAG commits later (module doc)",
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="intakepath-", dir=args.dir))
     try:
@@ -125,11 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             for size_kb in (int(s) for s in args.sizes.split(",")):
                 before = len(spool.list_ids("incoming"))
                 with asyncio.Runner(loop_factory=loop_factory()) as runner:
-                    per = runner.run(run_size(settings, spool, size_kb * 1024, args.m))
+                    per = runner.run(
+                        run_size(settings, spool, size_kb * 1024, args.m, args.remove)
+                    )
                 queued = len(spool.list_ids("incoming")) - before
                 print(
                     f"size={size_kb:>4}KB messages={args.m:>6} queued={queued:>6} "
-                    f"cpu={per * 1000:.3f} ms/msg dir={root.parent}"
+                    f"cpu={per * 1000:.3f} ms/msg remove={args.remove} dir={root.parent}"
                 )
         finally:
             output.close()
