@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import stat
 import zlib
 
@@ -83,12 +84,13 @@ def retire(root: str, queue: str, queue_id: str, size: int) -> bool:
 class Recycler:
     """The writer's side of the pool (see the module doc); one per process."""
 
-    __slots__ = ("_names", "_seen", "directory")
+    __slots__ = ("_names", "_offset", "_seen", "directory")
 
     def __init__(self, root: str) -> None:
         self.directory = f"{root}/{RECYCLE_DIR}"
         self._names: list[str] = []
         self._seen = -1  # recycle/'s mtime at the last scan
+        self._offset = random.randrange(SLOTS)  # where this process starts in a scan
 
     def claim(self, temp: str) -> tuple[int, int] | None:
         """(descriptor, size) of a pooled file now named ``temp``; None if none (module doc).
@@ -137,7 +139,11 @@ class Recycler:
                 return False
             self._seen = changed
             with os.scandir(self.directory) as it:
-                self._names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+                names = [e.name for e in it if e.is_file(follow_symlinks=False)]
+            # Every process lists the same names in the same order: each starts at a
+            # place of its own, so that two of them rarely try the same name.
+            cut = self._offset % len(names) if names else 0
+            self._names = names[cut:] + names[:cut]
         except OSError:
             return False
         return bool(self._names)
