@@ -134,6 +134,11 @@ class AddressRewriter:
             or self.masquerade_domains
         )
 
+    @property
+    def changes_only_unqualified(self) -> bool:
+        """True when rewrite() leaves every address with an ``@`` as it is."""
+        return self.rewrites_nothing and not self.append_dot_mydomain
+
     def qualify(self, address: str) -> str:
         """Step 1: ``root`` -> ``root@$myorigin``, ``u@host`` -> ``u@host.$mydomain``."""
         if not address:

@@ -41,6 +41,7 @@ Nothing here raises for any input bytes.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,14 @@ from qmgrd.log import get_logger
 
 _BLANKS = b" \t"
 MESSAGE_ID_LOG_LIMIT = 998  # a logged Message-ID is cut at one RFC 5322 line
+# A header value that is one address with a domain, bare or in <...> after a plain phrase
+# (no quotes, comments, groups, folding or 8-bit bytes): rewriting that only qualifies
+# addresses without a domain keeps it byte for byte (rewrite_header_value's result).
+_ATOM = rb'[^\x00-\x20"(),:;<>@\[\\\]\x7f-\xff]+'
+_QUALIFIED = re.compile(
+    rb"[ \t]*(?:(?:" + _ATOM + rb"[ \t]+)*<" + _ATOM + b"@" + _ATOM + rb">|"
+    + _ATOM + b"@" + _ATOM + rb")[ \t]*(?:\r?\n)?\Z"
+)
 
 
 class Disposition(enum.Enum):
@@ -158,7 +167,7 @@ class HeaderProcessor(HeaderStream):
                     "5.4.0 too many hops",
                     queue_id=self._info.queue_id,
                 )
-        text = raw.decode("utf-8", "surrogateescape")
+        text = "" if name != "message-id" and not s.header_checks else _text(raw)
         if name == "message-id" and outcome.message_id is None:
             outcome.message_id = text[name_len:].split(":", 1)[-1].strip()[:MESSAGE_ID_LOG_LIMIT]
         prefix = b""
@@ -184,8 +193,11 @@ class HeaderProcessor(HeaderStream):
             and not truncated
             and kind in (HeaderClass.SENDER, HeaderClass.RECIPIENT)
         ):
+            colon = raw.index(b":", name_len)  # the name and blanks are ASCII: same offset
+            if s.rewriter.changes_only_unqualified and _QUALIFIED.match(raw, colon + 1):
+                return prefix + raw  # one address with a domain: rewriting keeps it
+            text = text or _text(raw)
             role = Role.HEADER_SENDER if kind is HeaderClass.SENDER else Role.HEADER_RECIPIENT
-            colon = text.index(":", name_len)
             value = text[colon + 1 :]
             new_value = rewrite_header_value(value, lambda a: s.rewriter.rewrite(a, role))
             if new_value != value:
@@ -273,6 +285,10 @@ class HeaderProcessor(HeaderStream):
             Disposition.TOO_MANY_HOPS,
         ):
             self._log.info("cleanup", queue_id=self._info.queue_id, message_id=mid)
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
 
 
 def _dsn_split(text: str, default: str) -> tuple[str, str]:

@@ -123,9 +123,14 @@ class HeaderStream:
     def _feed_started(self, data: bytes, out: bytearray) -> bytes:
         """Headers line by line into ``out``; the body's bytes after them in one copy."""
         pos, end = 0, len(data)
+        limit = self.limit
         while pos < end and self._state is _State.HEADERS:
             nl = data.find(b"\n", pos)
             stop = end if nl < 0 else nl + 1
+            if nl >= 0 and stop - pos <= limit and not self._partial and not self._partial_drop:
+                self._line(data[pos:stop], False, out)  # a whole line in this chunk: as is
+                pos = stop
+                continue
             self._add_partial(data[pos:stop], out)
             pos = stop
             if nl >= 0 and self._state is _State.HEADERS:
