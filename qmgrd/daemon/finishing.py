@@ -241,7 +241,7 @@ class Finisher:
             msg.bounced = False  # a retry of this finish must not send the notice again
             spool.remove_reasons("bounce", qid)
         if plan.action in (FinishAction.REMOVED, FinishAction.EXPIRED):
-            retire(str(spool.root), "active", qid, qf.content_size)
+            retire(str(spool.root), "active", qid, qf.content_offset + qf.content_size)
             if msg.deferred:  # else this pass wrote no defer log (the load removed the old one)
                 spool.remove_reasons("defer", qid)
             return ids

@@ -19,8 +19,9 @@ Contract
   file to ``recycle/NN`` (``NN`` from the queue id's hash, ``SLOTS`` names, so
   the directory never holds more than ``SLOTS`` files; a name in use is
   replaced and its inode freed, as an unlink would). Files of more than
-  ``MAX_SIZE`` bytes of content are unlinked (the pool's disk use stays
-  bounded). Returns False if the file was already gone, as ``Spool.remove``.
+  ``MAX_SIZE`` bytes (``size``: the caller's count, the end of the content) are
+  unlinked: the pool's disk use stays bounded. Returns False if the file was
+  already gone, as ``Spool.remove``.
   ``recycle/`` is made on first use (mode 0700).
 - ``Recycler(root).claim(temp)`` (the queue file writer): renames one pooled
   file to the writer's temporary name ``temp`` and returns an open
@@ -52,7 +53,7 @@ __all__ = ["MAX_SIZE", "RECYCLE_DIR", "SLOTS", "Recycler", "retire"]
 
 RECYCLE_DIR = "recycle"
 SLOTS = 256  # names in recycle/: at most this many pooled files
-MAX_SIZE = 128 * 1024  # content bytes above which a finished file is unlinked, not pooled
+MAX_SIZE = 128 * 1024  # file bytes above which a finished file is unlinked, not pooled
 
 
 def retire(root: str, queue: str, queue_id: str, size: int) -> bool:
