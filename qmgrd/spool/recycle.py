@@ -24,16 +24,18 @@ Contract
   already gone, as ``Spool.remove``.
   ``recycle/`` is made on first use (mode 0700).
 - ``Recycler(root).claim(temp)`` (the queue file writer): renames one pooled
-  file to the writer's temporary name ``temp`` and returns an open
-  descriptor on it (``O_RDWR``, mode reset to 0600), or -1 when the pool is
-  empty (the writer then creates a file as before). A rename is atomic, so
-  two processes never get the same file; the names come from one
-  ``scandir`` of ``recycle/``, repeated when they are used up and the
-  directory changed since (its mtime: one ``stat`` per claim while the pool
-  is empty). The writer
-  overwrites the file from offset 0 and cuts it to its own length before the
-  fsync (``QueueFileWriter.finish``): the old content never survives a commit,
-  and a crash before the commit leaves a temporary name that start-up removes.
+  file to the writer's temporary name ``temp`` and returns ``(fd, size)``: an
+  ``O_RDWR`` descriptor on it (mode reset to 0600: no mark in the mode bits
+  survives) and its old size; None when the pool is empty (the writer then
+  creates a file as before). A rename is atomic, so two processes never get
+  the same file. A file with another name (``st_nlink`` > 1: a hold made while
+  it was delivered links it into ``hold/``) is never reused: only the pool's
+  name goes. The names come from one ``scandir`` of ``recycle/``, repeated
+  when they are used up and the directory changed since (its mtime: one
+  ``stat`` per claim while the pool is empty). The writer overwrites the file
+  from offset 0 and cuts it to its own length before the fsync
+  (``QueueFileWriter.finish``): the old content never survives a commit, and a
+  crash before the commit leaves a temporary name that start-up removes.
 - Nothing in ``recycle/`` is mail: no scan, tool or queue reads it; its files
   hold a finished message's bytes until they are reused or replaced (as
   Postfix's deleted queue files hold theirs until the blocks are reused).
