@@ -3,41 +3,22 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool, read_content
-from qmgrd.spool.commit import commit_writers
 from qmgrd.spool.marks import FORCED_EXPIRE_MODE
 from qmgrd.spool.records import encode_queue_file
 from qmgrd.spool.recycle import MAX_SIZE, RECYCLE_DIR, SLOTS, Recycler, retire
 from qmgrd.spool.writer import QueueFileWriter
-from tests.unit.spool.test_spool_writer import HEAD, RCPTS, _envelope
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool")
-    s.ensure_dirs()
-    return s
+from tests.unit.spool.test_spool_writer import HEAD, RCPTS, _envelope, _write
 
 
 def _commit(
     spool: Spool, content: bytes, recycler: Recycler | None, *, flush: int = 1 << 20
 ) -> str:
-    writer = QueueFileWriter(spool, HEAD, flush_size=flush, recycler=recycler)
-    for rcpt in RCPTS:
-        writer.add_recipient(rcpt)
-    writer.begin_content()
-    for i in range(0, len(content), 65536):
-        writer.add_content(content[i : i + 65536])
-        if writer.needs_flush:
-            writer.flush()
-    (qid,) = commit_writers(spool, [writer])
-    assert isinstance(qid, str)
-    return qid
+    return _write(spool, content, flush_size=flush, piece=65536, recycler=recycler)
 
 
 def _retire_active(spool: Spool, qid: str, size: int) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -11,6 +10,7 @@ from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
 from qmgrd.spool.commit import commit_writers
 from qmgrd.spool.records import encode_queue_file
+from qmgrd.spool.recycle import Recycler
 from qmgrd.spool.writer import FLUSH_SIZE, EnvelopeHead, QueueFileWriter
 
 HEAD = EnvelopeHead(
@@ -33,15 +33,15 @@ RCPTS = (
 )
 
 
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool")
-    s.ensure_dirs()
-    return s
-
-
-def _write(spool: Spool, content: bytes, *, flush_size: int, piece: int = 1000) -> str:
-    writer = QueueFileWriter(spool, HEAD, flush_size=flush_size)
+def _write(
+    spool: Spool,
+    content: bytes,
+    *,
+    flush_size: int,
+    piece: int = 1000,
+    recycler: Recycler | None = None,
+) -> str:
+    writer = QueueFileWriter(spool, HEAD, flush_size=flush_size, recycler=recycler)
     for rcpt in RCPTS:
         writer.add_recipient(rcpt)
         if writer.needs_flush:
