@@ -107,11 +107,12 @@ async def _run(root: Path, size: int, count: int) -> tuple[float, float]:
     await engine.wait_started()
     await engine.wait_idle()
     facts = FlowFacts("s@bench.test", "127.0.0.1", None)
+    moves = [(qid, str(aside / qid), str(spool.path("incoming", qid))) for qid in ids]
     cpu, wall = time.process_time(), time.monotonic()
     gap = ARGS.burst / ARGS.rate
     for n in range(0, count, ARGS.burst):
-        for qid in ids[n : n + ARGS.burst]:
-            os.rename(aside / qid, spool.path("incoming", qid))
+        for qid, src, dst in moves[n : n + ARGS.burst]:
+            os.rename(src, dst)
             engine.notify_incoming(qid, facts)
         delay = wall + (n // ARGS.burst + 1) * gap - time.monotonic()
         await asyncio.sleep(max(0.0, delay))
