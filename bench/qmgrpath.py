@@ -118,6 +118,8 @@ async def _run(root: Path, size: int, count: int) -> tuple[float, float]:
         await asyncio.sleep(max(0.0, delay))
     await asyncio.wait_for(engine.wait_idle(), 600)
     cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    io = engine.ctx.io
+    print(f"  thread hops {io.hops}, jobs {io.jobs} (since the start)")
     engine.stop()
     await task
     pool.close()
