@@ -15,7 +15,7 @@ from qmgrd.daemon.notices import COMPOSE_MAX_THREADS, PoolBusy, ThreadPool
 from qmgrd.daemon.table import MessageState
 from qmgrd.delivery.agent import Outcome
 from qmgrd.ops.operation import Operation
-from qmgrd.spool import QueueFile, loadread
+from qmgrd.spool import QueueFile, loadread, records
 from tests.support.agents import FakeAgent, Verdict
 from tests.support.engine import create_test_engine as _engine
 from tests.support.engine import run_until_idle as _run_until_idle
@@ -259,7 +259,7 @@ async def test_a_reader_exception_defers_only_that_message(
     engine, spool, clock = _engine(tmp_path, agent)
     bad = _submit(spool, clock, "s@src.test", ["x@a.test"])
     good = _submit(spool, clock, "s@src.test", ["y@a.test"])
-    real = loadread.recipients_from
+    real = records.recipients_from
     calls: list[int] = []
 
     def read(f: BinaryIO, size: int, path: Path, offset: int, limit: int) -> Any:
