@@ -22,7 +22,8 @@ accepts that reading; otherwise it is an ordinary hop failure. The scheduler
 gets the delivery's real duration (``service_time``, for fair queuing's G - S
 correction). With a destination gate (``ctx.gate``, cluster: ``qmgrd.daemon.destgate``)
 a delivery starts only once the gate admits it, and the gate hears its outcome first.
-The outcome is recorded
+The content of a small message is read once for all its deliveries in flight
+(``qmgrd.daemon.sharedread``). The outcome is recorded
 (``qmgrd.daemon.outcomes``) and only then does the scheduler hear of the
 entry: exactly once, whatever fails in between, so a message can never hang
 in core waiting for an entry nobody will complete.
@@ -38,7 +39,8 @@ from qmgrd.core.entry import Entry
 from qmgrd.core.message import ResolvedRecipient
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.outcomes import Recorder
-from qmgrd.daemon.table import active_of, record_of
+from qmgrd.daemon.sharedread import SharedReads
+from qmgrd.daemon.table import ActiveMessage, active_of, record_of
 from qmgrd.delivery.agent import (
     Agent,
     DeliveryRequest,
@@ -67,6 +69,7 @@ class Dispatcher:
         """``recorder`` makes each delivery's outcome durable and logs it."""
         self.ctx = ctx
         self.recorder = recorder
+        self.reads = SharedReads(ctx.io.submit)  # one content read per small message
 
     def drain(self, now: float) -> None:
         """Start a delivery for every entry the scheduler selects now."""
@@ -96,8 +99,22 @@ class Dispatcher:
 
     async def deliver(self, entry: Entry, agent: Agent, started: float) -> None:
         """One delivery: the agent, then the record of its outcome, then the scheduler."""
-        ctx = self.ctx
         msg = active_of(entry.message)
+        content = self.reads.content(msg)
+        try:
+            await self._deliver(entry, agent, started, msg, content)
+        finally:
+            self.reads.release(msg)
+
+    async def _deliver(
+        self,
+        entry: Entry,
+        agent: Agent,
+        started: float,
+        msg: ActiveMessage,
+        content: QueueFileContent,
+    ) -> None:
+        ctx = self.ctx
         qf = msg.qf
         recipients = tuple(_agent_recipient(r) for r in entry.recipients)
         request = DeliveryRequest(
@@ -106,9 +123,7 @@ class Dispatcher:
             nexthop=entry.nexthop,
             sender=qf.sender,
             recipients=recipients,
-            content=QueueFileContent(
-                msg.path, qf.content_offset, qf.content_size, run=ctx.io.submit
-            ),
+            content=content,
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",
             envid=qf.envid,

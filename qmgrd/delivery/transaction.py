@@ -241,8 +241,7 @@ class Transaction:
             raise Lost(said(response, "end of DATA"))
         att.completed = True
         if response.code // 100 == 2:
-            for idx in accepted:
-                att.sent(idx, response, relay)
+            att.sent(accepted, response, relay)
             return True
         for idx in accepted:
             att.fail(idx, said(response, "end of DATA"))

@@ -1,0 +1,131 @@
+"""A small message's content is read once for all its deliveries in flight (``SharedReads``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qmgrd.daemon.sharedread import SHARE_LIMIT, SharedReads
+from qmgrd.daemon.table import ActiveMessage
+from qmgrd.delivery.transaction import CONTENT_CHUNK
+from qmgrd.errors import InvariantError
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool
+from qmgrd.spool.records import QueueFileIOError
+
+
+def _message(root: Path, body: bytes) -> ActiveMessage:
+    spool = Spool(root, fsync=False)
+    spool.ensure_dirs()
+    envelope = Envelope(
+        sender="s@x.test",
+        recipients=(RecipientSpec("a@y.test"), RecipientSpec("b@z.test")),
+        arrival_time=1_000_000_000.0,
+    )
+    qid = spool.commit(envelope, body)
+    path = spool.path("incoming", qid)
+    return ActiveMessage(qid, path, QueueFile.open(path), queued_time=0.0)
+
+
+class Thread:
+    """A submit that runs each job in a thread and counts the jobs; ``gate`` holds them."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def __call__(self, fn: Callable[[], Any]) -> Any:
+        self.jobs += 1
+        await self.gate.wait()
+        return await asyncio.to_thread(fn)
+
+
+async def _read_all(content: Any) -> bytes:
+    return b"".join([chunk async for chunk in content.chunks(CONTENT_CHUNK)])
+
+
+async def test_concurrent_deliveries_share_one_read(tmp_path: Path) -> None:
+    body = b"Subject: x\r\n\r\n" + b"y" * 2000 + b"\r\n"
+    msg = _message(tmp_path, body)
+    submit = Thread()
+    reads = SharedReads(submit)
+    contents = [reads.content(msg) for _ in range(10)]
+    submit.gate.clear()  # the first read waits, the others queue behind it
+    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
+    await asyncio.sleep(0)
+    submit.gate.set()
+    assert await asyncio.gather(*tasks) == [body] * 10
+    assert submit.jobs == 1
+    assert await _read_all(reads.content(msg)) == body  # a later delivery: no read at all
+    assert submit.jobs == 1
+    for _ in range(11):
+        reads.release(msg)
+    assert len(reads) == 0  # the bytes went with the last delivery
+
+
+async def test_a_new_pass_reads_again(tmp_path: Path) -> None:
+    msg = _message(tmp_path, b"body\r\n")
+    submit = Thread()
+    reads = SharedReads(submit)
+    first = reads.content(msg)
+    assert await _read_all(first) == b"body\r\n"
+    reads.release(msg)
+    assert await _read_all(reads.content(msg)) == b"body\r\n"
+    assert submit.jobs == 2
+
+
+async def test_large_content_is_not_shared_nor_counted(tmp_path: Path) -> None:
+    body = b"z" * (SHARE_LIMIT + 1)
+    msg = _message(tmp_path, body)
+    submit = Thread()
+    reads = SharedReads(submit)
+    contents = [reads.content(msg) for _ in range(3)]
+    assert len(reads) == 0
+    assert [await _read_all(c) for c in contents] == [body] * 3
+    assert submit.jobs == 3
+    reads.release(msg)  # nothing counted, nothing to release: no error
+
+
+async def test_a_failed_read_is_reported_by_every_delivery(tmp_path: Path) -> None:
+    msg = _message(tmp_path, b"body\r\n")
+    os.unlink(msg.path)
+    submit = Thread()
+    reads = SharedReads(submit)
+    contents = [reads.content(msg) for _ in range(3)]
+    submit.gate.clear()
+    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
+    await asyncio.sleep(0)
+    submit.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(isinstance(r, QueueFileIOError) for r in results), results
+    assert submit.jobs == 3  # nothing shared: each delivery read (and failed) for itself
+
+
+async def test_a_cancelled_first_reader_leaves_the_others_reading(tmp_path: Path) -> None:
+    msg = _message(tmp_path, b"body\r\n")
+    submit = Thread()
+    reads = SharedReads(submit)
+    contents = [reads.content(msg) for _ in range(3)]
+    submit.gate.clear()
+    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
+    await asyncio.sleep(0)
+    tasks[0].cancel()
+    await asyncio.sleep(0)
+    submit.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert results[1:] == [b"body\r\n", b"body\r\n"]
+
+
+def test_releasing_more_than_handed_out_is_a_bug(tmp_path: Path) -> None:
+    msg = _message(tmp_path, b"body\r\n")
+    reads = SharedReads(Thread())
+    reads.content(msg)
+    reads.release(msg)
+    with pytest.raises(InvariantError):
+        reads.release(msg)
