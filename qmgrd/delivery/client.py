@@ -5,11 +5,12 @@ socket, a task or a clock; ``qmgrd.delivery.connection`` feeds the bytes that
 arrive and writes the bytes asked for.
 
 ``ReplyParser`` (RFC 5321 §4.2): ``feed(data)`` then ``next_reply()`` until
-None, or ``replies(append)`` for all complete replies at once. A reply is lines ``ddd-text`` ending with a line ``ddd text`` (or
-``ddd``); a line ends at LF (a CR before it is dropped). The reply's code is
-its last line's; the text is the lines' text joined by "\\n", decoded as
-UTF-8 with ``surrogateescape``. Bounds, so that a hostile server cannot make
-the client grow or hang (the caller's timeouts bound the time):
+None, or ``replies(append)`` for all complete replies at once. A reply is
+lines ``ddd-text`` ending with a line ``ddd text`` (or ``ddd``); a line ends
+at LF (a CR before it is dropped). The reply's code is its last line's; the
+text is the lines' text joined by "\\n", decoded as UTF-8 with
+``surrogateescape``. Bounds, so that a hostile server cannot make the client
+grow or hang (the caller's timeouts bound the time):
 
 - a line longer than ``line_limit`` bytes (with or without its LF) is a
   ``ReplyError`` as soon as it is seen: the buffer never holds more than one
