@@ -37,14 +37,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.postfix_bench import SHAPES, Shape, free_port, tool, transport_map, wait_port
+from bench.procwatch import sample
 from qmgrd.spool import Envelope, RecipientSpec, Spool
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    found = sample(pid)
+    if found is None:
+        raise RuntimeError(f"the daemon (pid {pid}) has gone")
+    return found.cpu
 
 
 def _content(size: int) -> bytes:

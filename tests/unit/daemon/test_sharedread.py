@@ -49,6 +49,21 @@ async def _read_all(content: Any) -> bytes:
     return b"".join([chunk async for chunk in content.chunks(CONTENT_CHUNK)])
 
 
+async def _race(
+    reads: SharedReads, msg: ActiveMessage, submit: Thread, count: int, *, cancel_first: bool
+) -> list[Any]:
+    """``count`` deliveries read at once while the first read is held; their results."""
+    contents = [reads.content(msg) for _ in range(count)]
+    submit.gate.clear()
+    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
+    await asyncio.sleep(0)
+    if cancel_first:
+        tasks[0].cancel()
+        await asyncio.sleep(0)
+    submit.gate.set()
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_concurrent_deliveries_share_one_read(tmp_path: Path) -> None:
     body = b"Subject: x\r\n\r\n" + b"y" * 2000 + b"\r\n"
     msg = _message(tmp_path, body)
@@ -95,13 +110,7 @@ async def test_a_failed_read_is_reported_by_every_delivery(tmp_path: Path) -> No
     msg = _message(tmp_path, b"body\r\n")
     os.unlink(msg.path)
     submit = Thread()
-    reads = SharedReads(submit)
-    contents = [reads.content(msg) for _ in range(3)]
-    submit.gate.clear()
-    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
-    await asyncio.sleep(0)
-    submit.gate.set()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await _race(SharedReads(submit), msg, submit, 3, cancel_first=False)
     assert all(isinstance(r, QueueFileIOError) for r in results), results
     assert submit.jobs == 3  # nothing shared: each delivery read (and failed) for itself
 
@@ -109,15 +118,7 @@ async def test_a_failed_read_is_reported_by_every_delivery(tmp_path: Path) -> No
 async def test_a_cancelled_first_reader_leaves_the_others_reading(tmp_path: Path) -> None:
     msg = _message(tmp_path, b"body\r\n")
     submit = Thread()
-    reads = SharedReads(submit)
-    contents = [reads.content(msg) for _ in range(3)]
-    submit.gate.clear()
-    tasks = [asyncio.create_task(_read_all(c)) for c in contents]
-    await asyncio.sleep(0)
-    tasks[0].cancel()
-    await asyncio.sleep(0)
-    submit.gate.set()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    results = await _race(SharedReads(submit), msg, submit, 3, cancel_first=True)
     assert isinstance(results[0], asyncio.CancelledError)
     assert results[1:] == [b"body\r\n", b"body\r\n"]
 
