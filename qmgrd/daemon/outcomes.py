@@ -201,7 +201,8 @@ def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
 
 def fmt_delay(seconds: float) -> str:
     """Postfix's delay formatting: two significant decimals, no trailing zeros."""
-    seconds = max(0.0, seconds)
+    if not seconds >= 0.005:  # rounds to 0.00 (most set-up and transmission times of a reuse)
+        return "0"
     if seconds >= 10:
         return f"{seconds:.0f}"
     if seconds >= 0.1:
