@@ -40,7 +40,7 @@ from qmgrd.core.message import ResolvedRecipient
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.outcomes import Recorder
 from qmgrd.daemon.sharedread import SharedReads
-from qmgrd.daemon.table import ActiveMessage, active_of, record_of
+from qmgrd.daemon.table import active_of, record_of
 from qmgrd.delivery.agent import (
     Agent,
     DeliveryRequest,
@@ -50,7 +50,6 @@ from qmgrd.delivery.agent import (
     RecipientResult,
 )
 from qmgrd.errors import InvariantError
-from qmgrd.spool import QueueFileContent
 
 __all__ = [
     "CRASH_DSN", "CRASH_REASON", "NO_TRANSPORT_REASON", "Dispatcher", "close_agents", "complete"
@@ -99,23 +98,15 @@ class Dispatcher:
 
     async def deliver(self, entry: Entry, agent: Agent, started: float) -> None:
         """One delivery: the agent, then the record of its outcome, then the scheduler."""
-        msg = active_of(entry.message)
-        content = self.reads.content(msg)
-        try:
-            await self._deliver(entry, agent, started, msg, content)
-        finally:
-            self.reads.release(msg)
-
-    async def _deliver(
-        self,
-        entry: Entry,
-        agent: Agent,
-        started: float,
-        msg: ActiveMessage,
-        content: QueueFileContent,
-    ) -> None:
         ctx = self.ctx
+        msg = active_of(entry.message)
         qf = msg.qf
+        # --- cluster (qmgrd.daemon.destgate): shared leases, dead verdicts and rates ---
+        gate = ctx.gate if ctx.gate is not None and ctx.gate.active else None
+        lease = await gate.before(entry) if gate is not None else None
+        if gate is not None and lease is None:
+            return  # not started: the gate put the entry back or had the core defer it
+        # --- end cluster ---
         recipients = tuple(_agent_recipient(r) for r in entry.recipients)
         request = DeliveryRequest(
             queue_id=msg.queue_id,
@@ -123,7 +114,7 @@ class Dispatcher:
             nexthop=entry.nexthop,
             sender=qf.sender,
             recipients=recipients,
-            content=content,
+            content=self.reads.content(msg),  # released when the agent is done with it
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",
             envid=qf.envid,
@@ -131,12 +122,6 @@ class Dispatcher:
             cache_load=entry.cache_load,
             cache_store=entry.cache_store,
         )
-        # --- cluster (qmgrd.daemon.destgate): shared leases, dead verdicts and rates ---
-        gate = ctx.gate if ctx.gate is not None and ctx.gate.active else None
-        lease = await gate.before(entry) if gate is not None else None
-        if gate is not None and lease is None:
-            return  # not started: the gate put the entry back or had the core defer it
-        # --- end cluster ---
         crashed = False
         try:
             result = await agent.deliver(request)
@@ -159,6 +144,8 @@ class Dispatcher:
                     for r in recipients
                 )
             )
+        finally:
+            self.reads.release(msg)
         result = complete(result, recipients)
         if gate is not None and lease is not None and await gate.after(
             entry, lease, result, crashed

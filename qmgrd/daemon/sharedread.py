@@ -9,8 +9,8 @@ and a thread hop shared with other spool work, per delivery. ``SharedReads``
 makes that one read per message:
 
 - ``content(msg)`` is the ``QueueFileContent`` for a delivery of ``msg``
-  and counts the delivery in; ``release(queue_id)`` counts it out (the
-  dispatcher calls it when the delivery ends, whatever happened). Content
+  and counts the delivery in; ``release(msg)`` counts it out (the
+  dispatcher calls it when the agent returns, whatever happened). Content
   larger than ``SHARE_LIMIT`` bytes gets the plain ``QueueFileContent``
   (its reads are not shared) and nothing is counted.
 - The first delivery to read submits the read (``QueueFileContent``'s first

@@ -15,7 +15,11 @@ from qmgrd.daemon.table import ActiveMessage
 from qmgrd.delivery.transaction import CONTENT_CHUNK
 from qmgrd.errors import InvariantError
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool
+from qmgrd.spool import content as content_module
 from qmgrd.spool.records import QueueFileIOError
+from tests.support.agents import stalled_agent
+from tests.support.engine import create_test_engine, stop_engine, submit
+from tests.support.waits import TIMEOUT
 
 
 def _message(root: Path, body: bytes) -> ActiveMessage:
@@ -130,3 +134,30 @@ def test_releasing_more_than_handed_out_is_a_bug(tmp_path: Path) -> None:
     reads.release(msg)
     with pytest.raises(InvariantError):
         reads.release(msg)
+
+
+async def test_an_engine_reads_a_message_once_for_its_destinations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three destinations, three deliveries in flight at once: one read of the queue file,
+    the same content for each agent call, nothing held once they are done."""
+    opened: list[Path] = []
+    plain = content_module._open_and_read
+
+    def counted(path: Path, want: int, offset: int, whole: bool) -> tuple[int, bytes]:
+        opened.append(path)
+        return plain(path, want, offset, whole)
+
+    monkeypatch.setattr(content_module, "_open_and_read", counted)
+    agent = stalled_agent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    submit(spool, clock, "s@src.test", ["r@a.test", "r@b.test", "r@c.test"])
+    task = asyncio.create_task(engine.run())
+    await agent.wait_started(3)
+    agent.release()
+    await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
+    await stop_engine(engine, task)
+    assert len(agent.requests) == 3
+    assert len(set(agent.contents)) == 1
+    assert len(opened) == 1
+    assert len(engine.dispatcher.reads) == 0
