@@ -108,13 +108,14 @@ class Dispatcher:
             return  # not started: the gate put the entry back or had the core defer it
         # --- end cluster ---
         recipients = tuple(_agent_recipient(r) for r in entry.recipients)
+        content = self.reads.content(msg)  # released when the agent is done with it
         request = DeliveryRequest(
             queue_id=msg.queue_id,
             transport=entry.transport,
             nexthop=entry.nexthop,
             sender=qf.sender,
             recipients=recipients,
-            content=self.reads.content(msg),  # released when the agent is done with it
+            content=content,
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",
             envid=qf.envid,
@@ -145,7 +146,7 @@ class Dispatcher:
                 )
             )
         finally:
-            self.reads.release(msg)
+            self.reads.release(msg, content)
         result = complete(result, recipients)
         if gate is not None and lease is not None and await gate.after(
             entry, lease, result, crashed

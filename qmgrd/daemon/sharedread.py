@@ -9,10 +9,13 @@ and a thread hop shared with other spool work, per delivery. ``SharedReads``
 makes that one read per message:
 
 - ``content(msg)`` is the ``QueueFileContent`` for a delivery of ``msg``
-  and counts the delivery in; ``release(msg)`` counts it out (the
-  dispatcher calls it when the agent returns, whatever happened). Content
-  larger than ``SHARE_LIMIT`` bytes gets the plain ``QueueFileContent``
-  (its reads are not shared) and nothing is counted.
+  and counts the delivery in; ``release(msg, content)`` counts it out (the
+  dispatcher calls it when the agent returns, whatever happened). A message
+  whose content the load holds (``ActiveMessage.content``, the load's one
+  read) gets it with no read at all, and content larger than
+  ``SHARE_LIMIT`` bytes the plain ``QueueFileContent`` (its reads are not
+  shared): neither is counted. So a shared read is for small messages the
+  load could not hold (its budget was spent).
 - The first delivery to read submits the read (``QueueFileContent``'s first
   read: open, read, close) and awaits it; deliveries that ask while it runs wait
   for it; later ones get the bytes at once. Only a read that returned the
@@ -75,8 +78,10 @@ class SharedReads:
     def content(self, msg: ActiveMessage) -> QueueFileContent:
         """The content of a delivery of ``msg``; counted in when it is small (module doc)."""
         qf = msg.qf
-        if qf.content_size > SHARE_LIMIT:
-            return QueueFileContent(msg.path, qf.content_offset, qf.content_size, run=self.submit)
+        if msg.content is not None or qf.content_size > SHARE_LIMIT:
+            return QueueFileContent(
+                msg.path, qf.content_offset, qf.content_size, run=self.submit, data=msg.content
+            )
         qid = msg.queue_id
         shared = self._reads.get(qid)
         if shared is None:
@@ -88,10 +93,11 @@ class SharedReads:
 
         return QueueFileContent(msg.path, qf.content_offset, qf.content_size, run=run)
 
-    def release(self, msg: ActiveMessage) -> None:
-        """A delivery of ``msg`` ended; the bytes go with the last one (module doc)."""
-        if msg.qf.content_size > SHARE_LIMIT:
-            return
+    def release(self, msg: ActiveMessage, content: QueueFileContent) -> None:
+        """The delivery of ``msg`` that got ``content`` ended; the bytes go with the last one
+        (module doc)."""
+        if content.data is not None or content.size > SHARE_LIMIT:
+            return  # not counted in
         qid = msg.queue_id
         shared = self._reads.get(qid)
         if shared is None or shared.users < 1:

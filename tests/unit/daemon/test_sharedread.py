@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from qmgrd.daemon import table as table_module
 from qmgrd.daemon.sharedread import SHARE_LIMIT, SharedReads
 from qmgrd.daemon.table import ActiveMessage
 from qmgrd.delivery.transaction import CONTENT_CHUNK
@@ -80,10 +81,11 @@ async def test_concurrent_deliveries_share_one_read(tmp_path: Path) -> None:
     submit.gate.set()
     assert await asyncio.gather(*tasks) == [body] * 10
     assert submit.jobs == 1
-    assert await _read_all(reads.content(msg)) == body  # a later delivery: no read at all
+    later = reads.content(msg)
+    assert await _read_all(later) == body  # a later delivery: no read at all
     assert submit.jobs == 1
-    for _ in range(11):
-        reads.release(msg)
+    for content in [*contents, later]:
+        reads.release(msg, content)
     assert len(reads) == 0  # the bytes went with the last delivery
 
 
@@ -93,7 +95,7 @@ async def test_a_new_pass_reads_again(tmp_path: Path) -> None:
     reads = SharedReads(submit)
     first = reads.content(msg)
     assert await _read_all(first) == b"body\r\n"
-    reads.release(msg)
+    reads.release(msg, first)
     assert await _read_all(reads.content(msg)) == b"body\r\n"
     assert submit.jobs == 2
 
@@ -107,7 +109,7 @@ async def test_large_content_is_not_shared_nor_counted(tmp_path: Path) -> None:
     assert len(reads) == 0
     assert [await _read_all(c) for c in contents] == [body] * 3
     assert submit.jobs == 3
-    reads.release(msg)  # nothing counted, nothing to release: no error
+    reads.release(msg, contents[0])  # nothing counted, nothing to release: no error
 
 
 async def test_a_failed_read_is_reported_by_every_delivery(tmp_path: Path) -> None:
@@ -130,17 +132,31 @@ async def test_a_cancelled_first_reader_leaves_the_others_reading(tmp_path: Path
 def test_releasing_more_than_handed_out_is_a_bug(tmp_path: Path) -> None:
     msg = _message(tmp_path, b"body\r\n")
     reads = SharedReads(Thread())
-    reads.content(msg)
-    reads.release(msg)
+    content = reads.content(msg)
+    reads.release(msg, content)
     with pytest.raises(InvariantError):
-        reads.release(msg)
+        reads.release(msg, content)
+
+
+async def test_content_the_load_holds_is_neither_read_nor_counted(tmp_path: Path) -> None:
+    msg = _message(tmp_path, b"body\r\n")
+    msg.content = b"body\r\n"
+    submit = Thread()
+    reads = SharedReads(submit)
+    content = reads.content(msg)
+    assert len(reads) == 0
+    assert await _read_all(content) == b"body\r\n"
+    assert submit.jobs == 0
+    reads.release(msg, content)
 
 
 async def test_an_engine_reads_a_message_once_for_its_destinations(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three destinations, three deliveries in flight at once: one read of the queue file,
-    the same content for each agent call, nothing held once they are done."""
+    """Three destinations, three deliveries in flight at once, the load's content budget
+    spent: one read of the queue file, the same content for each agent call, nothing held
+    once they are done."""
+    monkeypatch.setattr(table_module, "CONTENT_HELD", 0)  # the load holds no content
     opened: list[Path] = []
     plain = content_module._open_and_read
 
