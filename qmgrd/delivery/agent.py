@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from qmgrd.delivery.frozen import fast_init
 from qmgrd.errors import InvariantError
 
 Throttle = Literal["full", "rate"]
@@ -56,7 +55,6 @@ class ContentSource(Protocol):
         ...
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Recipient:
     """A recipient as handed to an agent: its address and where its record lives."""
@@ -67,7 +65,6 @@ class Recipient:
     notify: frozenset[str] = frozenset()  # DSN NOTIFY keywords: SUCCESS, FAILURE, DELAY, NEVER
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class DeliveryRequest:
     """One entry: up to ``<transport>_destination_recipient_limit`` recipients, one nexthop."""
@@ -86,8 +83,6 @@ class DeliveryRequest:
     cache_store: bool = False  # qmgr STORE flag: may keep the session for the next entry
 
 
-@fast_init
-@fast_init
 @dataclass(frozen=True, slots=True)
 class RecipientResult:
     """The outcome for one recipient, with the DSN code and the text that explains it."""
@@ -107,7 +102,6 @@ class HopStatus:
     reason: str  # e.g. "connect to mx.example.com[192.0.2.1]:25: Connection refused"
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class DeliveryResult:
     """Everything the engine learns from one delivery attempt."""

@@ -44,7 +44,6 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from qmgrd.delivery.frozen import fast_init
 from qmgrd.errors import InvariantError
 
 REPLY_LINE_LIMIT = 8192  # RFC 5321 §4.5.3.1.5 says 512; real servers send longer (aiosmtplib's)
@@ -52,7 +51,6 @@ REPLY_LINE_COUNT_LIMIT = 200  # an EHLO reply has a dozen lines; endless continu
 CRLF = b"\r\n"
 
 
-@fast_init
 @dataclass(frozen=True, slots=True)
 class Reply:
     """One SMTP reply: its code and its text (lines joined by "\\n", codes removed)."""
