@@ -46,6 +46,7 @@ ACCEPT_DRAIN = 256  # connections answered at most when a hold ends
 REFUSE_HOLD = 0.02  # seconds a listener that refused for capacity leaves its socket alone
 UNAVAILABLE = OVERLOAD_REPLY.encode("ascii") + b"\r\n"
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
+_HOLD_FOR_FIN = getattr(socket, "MSG_MORE", 0) | getattr(socket, "MSG_DONTWAIT", 0)  # refuse()
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -122,13 +123,17 @@ class Acceptor:
 def refuse(conn: socket.socket, reply: str | bytes) -> None:
     """Send one reply line to a connection we will not serve, and close it.
 
-    The cheapest answer there is: no TLS, no banner, no session, one
-    non-blocking send of a line that fits any socket buffer, no log line
-    (the callers count refusals and log them a second at a time).
+    The cheapest answer there is: no TLS, no banner, no session, no log line
+    (the callers count refusals and log them a second at a time), and two
+    system calls: one non-blocking send (``MSG_DONTWAIT``: no switch of the
+    socket's mode) of a line that fits any socket buffer, held back
+    (``MSG_MORE``) so that ``close`` sends it with the FIN in one segment
+    (the client reads the reply, then the end of the stream, as before;
+    two fewer segments to send and acknowledge per refusal).
     """
+    line = reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n"
     try:
-        conn.setblocking(False)
-        conn.send(reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n")
+        conn.send(line, _HOLD_FOR_FIN)
     except OSError:
         pass  # the client is gone already
     conn.close()
