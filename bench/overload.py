@@ -49,6 +49,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -59,8 +60,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.overloadreport import cpu_line, lag_lines, log_lines, ping, timeline, wait_line
+from bench.overloadreport import (
+    cpu_line,
+    lag_lines,
+    log_lines,
+    other_side_line,
+    ping,
+    timeline,
+    wait_line,
+)
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
+from bench.procwatch import sample
 from bench.relaymetrics import (
     ControlProbe,
     relay_cpu,
@@ -117,6 +127,7 @@ async def _message(port: int, n: int) -> str:
 
 
 async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
+    start = time.monotonic()
     try:
         outcome = await asyncio.wait_for(_message(port, n), _SESSION_TIMEOUT)
     except TimeoutError:
@@ -124,6 +135,10 @@ async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
     except OSError:
         outcome = "error"
     counts[outcome] = counts.get(outcome, 0) + 1
+    if outcome == "accepted":  # a session's length: in milliseconds, summed
+        counts["accepted_ms"] = counts.get("accepted_ms", 0) + int(
+            (time.monotonic() - start) * 1000
+        )
 
 
 async def generate(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
@@ -166,8 +181,12 @@ def _nice() -> None:
     os.nice(NICE)
 
 
-def run_generator(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
-    """Run the generator in a child process (so it does not share the bench's loop)."""
+def run_generator(
+    port: int, mode: str, value: float, duration: float, cap: int
+) -> tuple[dict[str, int], float]:
+    """Run the generator in a child process (so it does not share the bench's loop); its
+    counts and the CPU seconds it used (the only child reaped meanwhile: the sink lives on)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(
         [
             sys.executable,
@@ -184,8 +203,36 @@ def run_generator(port: int, mode: str, value: float, duration: float, cap: int)
         cwd=str(REPO),
         preexec_fn=_nice,
     )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     counts: dict[str, int] = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    return counts
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return counts, cpu
+
+
+def _generate_into(
+    counts: dict[str, int],
+    cpu: list[float],
+    port: int,
+    mode: str,
+    value: float,
+    duration: float,
+    args: argparse.Namespace,
+) -> None:
+    """``run_generator`` in a thread: its counts into ``counts``, its CPU seconds onto ``cpu``."""
+    got, used = run_generator(port, mode, value, duration, args.outstanding)
+    counts.update(got)
+    cpu.append(used)
+
+
+def _mean_ms(counts: dict[str, int]) -> float:
+    """The mean length of an accepted session (``accepted_ms`` taken out of ``counts``)."""
+    return counts.pop("accepted_ms", 0) / max(1, counts.get("accepted", 0))
+
+
+def _cpu(pid: int) -> float:
+    """CPU seconds so far of process ``pid`` (0 once it has gone)."""
+    got = sample(pid)
+    return got.cpu if got is not None else 0.0
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -263,26 +310,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             warm = args.peak / 4
             m0 = scrape(metrics_port)
-            peak_thread = threading.Thread(
-                target=lambda: peak_counts.update(
-                    run_generator(port, "closed", args.sessions, args.peak, args.outstanding)
-                )
-            )
             peak_counts: dict[str, int] = {}
+            peak_gen: list[float] = []  # the generator's CPU seconds
+            peak_thread = threading.Thread(
+                target=_generate_into,
+                args=(peak_counts, peak_gen, port, "closed", args.sessions, args.peak, args),
+            )
             peak_thread.start()
             time.sleep(warm)
             with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
                 t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w1 = run_waits(relay.pid)
+                w1, k1 = run_waits(relay.pid), _cpu(sinkproc.pid)
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w2 = run_waits(relay.pid)
+                w2, k2 = run_waits(relay.pid), _cpu(sinkproc.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
+            peak_ms = _mean_ms(peak_counts)
             print(cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
-                f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
+                f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}, "
+                f"an accepted session lasts {peak_ms:.0f} ms on average"
             )
+            print(other_side_line("at peak", sum(peak_gen) / args.peak, (k2 - k1) / (t2 - t1)))
             lag_lines("at peak", m1, m2)
             print(wait_line("at peak", w1, w2, t2 - t1))
             ping("at peak", peak_probe)
@@ -293,25 +343,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             over_counts: dict[str, int] = {}
+            over_gen: list[float] = []
             with ControlProbe(control_socket_path(root / "spool")) as probe:
                 gen = threading.Thread(
-                    target=lambda: over_counts.update(
-                        run_generator(port, "open", rate, args.duration, args.outstanding)
-                    )
+                    target=_generate_into,
+                    args=(over_counts, over_gen, port, "open", rate, args.duration, args),
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w3 = run_waits(relay.pid)
+                w3, k3 = run_waits(relay.pid), _cpu(sinkproc.pid)
                 log3 = (root / "maillog").stat().st_size
                 gen.start()
                 timeline(metrics_port, m3, args.duration, args.timeline)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w4 = run_waits(relay.pid)
+                w4, k4 = run_waits(relay.pid), _cpu(sinkproc.pid)
                 log4 = (root / "maillog").stat().st_size
                 gen.join()
+            gen_share, sink_share = sum(over_gen) / args.duration, (k4 - k3) / (t4 - t3)
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
             print(cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
+            print(other_side_line("under overload", gen_share, sink_share))
             lag_lines("during overload", m3, m4)
             print(wait_line("during overload", w3, w4, t4 - t3))
             ping("under overload", probe)
@@ -323,7 +375,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{over_counts.get('accepted', 0)}, 421 {refused} ({late} of them after the "
                 f"greeting), other "
                 f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
-                f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}"
+                f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}; an "
+                f"accepted session lasts {_mean_ms(over_counts):.0f} ms on average"
             )
             accepted = peak_counts.get("accepted", 0) + over_counts.get("accepted", 0)
             deadline = time.monotonic() + 300
