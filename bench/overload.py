@@ -46,10 +46,7 @@ asserted. Everything binds to 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -60,6 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.overloadgen import cpu_seconds, generate_into, mean_ms, nice
 from bench.overloadreport import (
     cpu_line,
     lag_lines,
@@ -70,7 +68,6 @@ from bench.overloadreport import (
     wait_line,
 )
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
-from bench.procwatch import sample
 from bench.relaymetrics import (
     ControlProbe,
     relay_cpu,
@@ -81,158 +78,7 @@ from bench.relaymetrics import (
 from qmgrd.daemon.control import control_socket_path
 
 REPO = Path(__file__).resolve().parents[1]
-_BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
-_SESSION_TIMEOUT = 30.0
 REGULATED = ("in_flow_lag_limit = 50", "in_flow_backlog_limit = 1000")  # off by default
-NICE = 10  # niceness of the generator and sink processes
-
-
-# -- the load generator (its own process: --generate) --------------------------------------
-
-
-async def _reply(reader: asyncio.StreamReader) -> bytes:
-    while True:
-        line = await reader.readline()
-        if not line or line[3:4] != b"-":
-            return line
-
-
-async def _message(port: int, n: int) -> str:
-    """One session, one message: accepted, refused (421), other, or error."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        if (await _reply(reader)).startswith(b"421"):
-            return "refused"
-        steps = (
-            b"EHLO gen.bench",
-            f"MAIL FROM:<g{n}@gen.bench>".encode(),
-            b"RCPT TO:<r@sink.bench>",
-        )
-        for line in steps:
-            writer.write(line + b"\r\n")
-            reply = await _reply(reader)
-            if reply.startswith(b"421"):
-                return "refused late"  # after the session's start: its work so far wasted
-            if not reply.startswith(b"250"):
-                return "other"
-        writer.write(b"DATA\r\n")
-        if not (await _reply(reader)).startswith(b"354"):
-            return "other"
-        writer.write(_BODY)
-        reply = await _reply(reader)
-        writer.write(b"QUIT\r\n")
-        return "accepted" if reply.startswith(b"250") else "other"
-    finally:
-        writer.close()
-
-
-async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
-    start = time.monotonic()
-    try:
-        outcome = await asyncio.wait_for(_message(port, n), _SESSION_TIMEOUT)
-    except TimeoutError:
-        outcome = "timeout"
-    except OSError:
-        outcome = "error"
-    counts[outcome] = counts.get(outcome, 0) + 1
-    if outcome == "accepted":  # a session's length: in milliseconds, summed
-        counts["accepted_ms"] = counts.get("accepted_ms", 0) + int(
-            (time.monotonic() - start) * 1000
-        )
-
-
-async def generate(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
-    """closed: ``value`` sessions in parallel; open: ``value`` new sessions per second."""
-    counts: dict[str, int] = {"sent": 0}
-    end = time.monotonic() + duration
-    if mode == "closed":
-
-        async def worker(w: int) -> None:
-            n = w
-            while time.monotonic() < end:
-                counts["sent"] += 1
-                await _guarded(port, n, counts)
-                n += int(value)
-
-        await asyncio.gather(*(worker(w) for w in range(int(value))))
-        return counts
-    tasks: set[asyncio.Task[None]] = set()
-    start, n = time.monotonic(), 0
-    while time.monotonic() < end:
-        due = start + n / value
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        n += 1
-        if len(tasks) >= cap:
-            counts["capped"] = counts.get("capped", 0) + 1
-            continue
-        counts["sent"] += 1
-        task = asyncio.create_task(_guarded(port, n, counts))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=_SESSION_TIMEOUT + 5)
-    return counts
-
-
-def _nice() -> None:
-    """The generator and the sink stand for other machines: they yield the CPU to the relay."""
-    os.nice(NICE)
-
-
-def run_generator(
-    port: int, mode: str, value: float, duration: float, cap: int
-) -> tuple[dict[str, int], float]:
-    """Run the generator in a child process (so it does not share the bench's loop); its
-    counts and the CPU seconds it used (the only child reaped meanwhile: the sink lives on)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--generate",
-            mode,
-            str(value),
-            str(duration),
-            str(port),
-            str(cap),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=str(REPO),
-        preexec_fn=_nice,
-    )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    counts: dict[str, int] = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    return counts, cpu
-
-
-def _generate_into(
-    counts: dict[str, int],
-    cpu: list[float],
-    port: int,
-    mode: str,
-    value: float,
-    duration: float,
-    args: argparse.Namespace,
-) -> None:
-    """``run_generator`` in a thread: its counts into ``counts``, its CPU seconds onto ``cpu``."""
-    got, used = run_generator(port, mode, value, duration, args.outstanding)
-    counts.update(got)
-    cpu.append(used)
-
-
-def _mean_ms(counts: dict[str, int]) -> float:
-    """The mean length of an accepted session (``accepted_ms`` taken out of ``counts``)."""
-    return counts.pop("accepted_ms", 0) / max(1, counts.get("accepted", 0))
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds so far of process ``pid`` (0 once it has gone)."""
-    got = sample(pid)
-    return got.cpu if got is not None else 0.0
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -296,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [sys.executable, str(REPO / "bench" / "sinkproc.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            preexec_fn=_nice,
+            preexec_fn=nice,
         )
         assert sinkproc.stdout is not None and sinkproc.stdin is not None
         sink = int(sinkproc.stdout.readline())
@@ -313,19 +159,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             peak_counts: dict[str, int] = {}
             peak_gen: list[float] = []  # the generator's CPU seconds
             peak_thread = threading.Thread(
-                target=_generate_into,
+                target=generate_into,
                 args=(peak_counts, peak_gen, port, "closed", args.sessions, args.peak, args),
             )
             peak_thread.start()
             time.sleep(warm)
             with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
                 t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w1, k1 = run_waits(relay.pid), _cpu(sinkproc.pid)
+                w1, k1 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w2, k2 = run_waits(relay.pid), _cpu(sinkproc.pid)
+                w2, k2 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
-            peak_ms = _mean_ms(peak_counts)
+            peak_ms = mean_ms(peak_counts)
             print(cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
@@ -346,16 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             over_gen: list[float] = []
             with ControlProbe(control_socket_path(root / "spool")) as probe:
                 gen = threading.Thread(
-                    target=_generate_into,
+                    target=generate_into,
                     args=(over_counts, over_gen, port, "open", rate, args.duration, args),
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w3, k3 = run_waits(relay.pid), _cpu(sinkproc.pid)
+                w3, k3 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 log3 = (root / "maillog").stat().st_size
                 gen.start()
                 timeline(metrics_port, m3, args.duration, args.timeline)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w4, k4 = run_waits(relay.pid), _cpu(sinkproc.pid)
+                w4, k4 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 log4 = (root / "maillog").stat().st_size
                 gen.join()
             gen_share, sink_share = sum(over_gen) / args.duration, (k4 - k3) / (t4 - t3)
@@ -376,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"greeting), other "
                 f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
                 f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}; an "
-                f"accepted session lasts {_mean_ms(over_counts):.0f} ms on average"
+                f"accepted session lasts {mean_ms(over_counts):.0f} ms on average"
             )
             accepted = peak_counts.get("accepted", 0) + over_counts.get("accepted", 0)
             deadline = time.monotonic() + 300
@@ -400,14 +246,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--generate":
-        mode, value, duration, port, cap = sys.argv[2:7]
-        try:
-            import uvloop
-
-            result = uvloop.run(generate(int(port), mode, float(value), float(duration), int(cap)))
-        except ImportError:
-            result = asyncio.run(generate(int(port), mode, float(value), float(duration), int(cap)))
-        print(json.dumps(result), flush=True)
-        sys.exit(0)
     sys.exit(main())
