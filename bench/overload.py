@@ -12,7 +12,7 @@ plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
 an earlier one; ``metrics_listen`` on loopback) relaying to
 ``bench/sinkproc.py``. The generator and the sink run at nice 10: they
 stand for other machines and should not take the relay's CPU on a small
-box. A load generator in its own process sends 1 KB
+box. A load generator in its own process (``bench/overloadgen.py``) sends 1 KB
 messages with one recipient, a new SMTP session per message (smtp-source's
 shape), in two phases:
 
@@ -29,7 +29,10 @@ the peak; the relay's event-loop lag p50/p99 at peak and during the overload (fr
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
 the relay's CPU use in both phases (share of a core, CPU ms per delivered
 message: tells a relay that got less CPU from one that wasted it; the queue
-manager's and the listener workers' apart); with listener workers
+manager's and the listener workers' apart); the generator's and the sink's
+CPU (shares of a core this box's relay did not get) and how long an accepted
+session lasted on average (live sessions = rate x length: a session cap
+binds the rate when sessions last longer); with listener workers
 (``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
 (``qmgrd_smtpd_worker_*``); and how long each process's main thread (its
 event loop) ran and how long it waited for a CPU while runnable
