@@ -4,7 +4,11 @@ its own (``run_generator`` starts ``python bench/overloadgen.py --generate ...``
 Each session sends one 1 KB message with one recipient (smtp-source's shape) and ends as
 ``accepted`` (250), ``refused`` (421 at the greeting), ``refused late`` (421 after it),
 ``other``, ``timeout`` or ``error``; ``accepted_ms`` sums the accepted sessions' lengths. The
-generator runs at nice ``NICE``: it stands for other machines.
+generator runs at nice ``NICE``: it stands for other machines, so it should cost this box as
+little as it can. Each session is a bare ``asyncio.Protocol`` (no stream reader and writer):
+a refused session costs the generator about a quarter less (150 against 205 µs of CPU, 9,000
+sessions refused by a bare accept-and-refuse loop at 1,500 a second, in a network namespace of
+its own, two runs each, load average 10).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.procwatch import sample
@@ -28,40 +33,71 @@ _SESSION_TIMEOUT = 30.0
 NICE = 10  # niceness of the generator and sink processes
 
 
-async def _reply(reader: asyncio.StreamReader) -> bytes:
-    while True:
-        line = await reader.readline()
-        if not line or line[3:4] != b"-":
-            return line
+class _Session(asyncio.Protocol):
+    """One session, one message, as a protocol: no stream objects, one callback per reply.
+
+    ``outcome`` resolves to accepted, refused (421 at the greeting), refused late (421
+    after it: the session's work so far wasted), other, or error (the connection ended).
+    """
+
+    def __init__(self, n: int) -> None:
+        self.outcome: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self._buf = b""
+        self._step = 0  # replies answered so far: greeting, EHLO, MAIL, RCPT, DATA, the dot
+        self._lines = (
+            b"EHLO gen.bench\r\n",
+            f"MAIL FROM:<g{n}@gen.bench>\r\n".encode(),
+            b"RCPT TO:<r@sink.bench>\r\n",
+            b"DATA\r\n",
+            _BODY,
+            b"QUIT\r\n",
+        )
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        while not self.outcome.done() and (end := self._buf.find(b"\n")) >= 0:
+            line, self._buf = self._buf[: end + 1], self._buf[end + 1 :]
+            if line[3:4] != b"-":  # the last line of a reply
+                self._reply(line[:3])
+
+    def _reply(self, code: bytes) -> None:
+        step, self._step = self._step, self._step + 1
+        if code == b"421":
+            self._end("refused" if step == 0 else "refused late")
+            return
+        expected = b"354" if step == 4 else b"220" if step == 0 else b"250"
+        if code != expected:
+            self._end("other")
+            return
+        assert self.transport is not None
+        self.transport.write(self._lines[step])
+        if step == 5:  # the message's 250: QUIT sent, done
+            self._end("accepted")
+
+    def _end(self, outcome: str) -> None:
+        self.outcome.set_result(outcome)
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result("other" if exc is None else "error")
 
 
 async def _message(port: int, n: int) -> str:
-    """One session, one message: accepted, refused (421), other, or error."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """One session, one message (``_Session``); its transport closed however it ends."""
+    session = _Session(n)
+    transport, _ = await asyncio.get_running_loop().create_connection(
+        lambda: session, "127.0.0.1", port
+    )
     try:
-        if (await _reply(reader)).startswith(b"421"):
-            return "refused"
-        steps = (
-            b"EHLO gen.bench",
-            f"MAIL FROM:<g{n}@gen.bench>".encode(),
-            b"RCPT TO:<r@sink.bench>",
-        )
-        for line in steps:
-            writer.write(line + b"\r\n")
-            reply = await _reply(reader)
-            if reply.startswith(b"421"):
-                return "refused late"  # after the session's start: its work so far wasted
-            if not reply.startswith(b"250"):
-                return "other"
-        writer.write(b"DATA\r\n")
-        if not (await _reply(reader)).startswith(b"354"):
-            return "other"
-        writer.write(_BODY)
-        reply = await _reply(reader)
-        writer.write(b"QUIT\r\n")
-        return "accepted" if reply.startswith(b"250") else "other"
+        return await session.outcome
     finally:
-        writer.close()
+        transport.close()
 
 
 async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
