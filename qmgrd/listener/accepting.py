@@ -32,6 +32,7 @@ served as soon as descriptors are free again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
 from collections.abc import Callable
@@ -132,8 +133,6 @@ def refuse(conn: socket.socket, reply: str | bytes) -> None:
     two fewer segments to send and acknowledge per refusal).
     """
     line = reply if isinstance(reply, bytes) else reply.encode("ascii", "replace") + b"\r\n"
-    try:
+    with contextlib.suppress(OSError):  # the client is gone already
         conn.send(line, _HOLD_FOR_FIN)
-    except OSError:
-        pass  # the client is gone already
     conn.close()
