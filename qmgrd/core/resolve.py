@@ -63,7 +63,12 @@ _DEFAULT_TEXT = {
 }
 # A domain is dot-separated labels (letters, digits, hyphen, underscore, or non-ASCII for
 # internationalized names) or an address literal such as [192.0.2.1] / [IPv6:2001:db8::1].
-_LABEL_RE = re.compile(r"^[A-Za-z0-9_\-\u0080-\U0010ffff]+$")
+# _domain_of's character checks as one regular expression each (every recipient is routed):
+# the dot-separated labels of a domain (letters, digits, ``_``, ``-``, non-ASCII), a control
+# character, white space (``\s`` is ``str.isspace``).
+_DOMAIN_RE = re.compile(r"[A-Za-z0-9_\-\u0080-\U0010ffff]+(?:\.[A-Za-z0-9_\-\u0080-\U0010ffff]+)*")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f]")
+_SPACE_RE = re.compile(r"\s")
 _LITERAL_RE = re.compile(r"^\[[A-Za-z0-9.:\-]+\]$")
 
 
@@ -227,19 +232,18 @@ def _domain_of(address: str) -> str | None:
     at = address.rfind("@")
     if at <= 0 or at == len(address) - 1:
         return None
-    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in address):
+    if _CONTROL_RE.search(address):
         return None
     local, domain = address[:at], address[at + 1 :]
     quoted = len(local) >= 2 and local.startswith('"') and local.endswith('"')
-    if not quoted and any(ch.isspace() for ch in local):
+    if not quoted and _SPACE_RE.search(local):
         return None
     if "@" in local and not quoted:
         return None
     if domain.startswith("["):
         return domain.lower() if _LITERAL_RE.match(domain) else None
     domain = domain.rstrip(".") if domain.endswith(".") and len(domain) > 1 else domain
-    labels = domain.split(".")
-    if any(not _LABEL_RE.match(label) for label in labels):
+    if not _DOMAIN_RE.fullmatch(domain):
         return None
     return domain.lower()
 

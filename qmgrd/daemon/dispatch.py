@@ -107,7 +107,7 @@ class Dispatcher:
             sender=qf.sender,
             recipients=recipients,
             content=QueueFileContent(
-                msg.path, qf.content_offset, qf.content_size, run=ctx.io.submit
+                msg.path, qf.content_offset, qf.content_size, run=ctx.io.submit, data=msg.content
             ),
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",

@@ -38,7 +38,6 @@ The ordering rules that keep mail safe are in ``outcomes`` and ``finishing``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Mapping
 
 from qmgrd.core.params import TransportParams
@@ -120,6 +119,7 @@ class Engine(EngineControl):
         self._passes = 0
         self._started = asyncio.Event()
         self._pass_cond = asyncio.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None  # run()'s
 
     # ------------------------------------------------------------------ collaborators
 
@@ -240,6 +240,7 @@ class Engine(EngineControl):
 
         Raises ``InvariantError`` after settling when a bug stopped the loop.
         """
+        self._loop = asyncio.get_running_loop()
         try:
             await self.recover()
             await self.loader.scan_incoming()
@@ -288,14 +289,21 @@ class Engine(EngineControl):
             )
             if d is not None
         ]
-        timeout = max(0.0, min(deadlines) - now) if deadlines else None
         if self._kick.is_set():  # more to do at once: after what else the loop has ready
             await asyncio.sleep(0)
             return
-        # asyncio.timeout, not wait_for: on 3.11 wait_for wraps the wait in a new task per pass.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._kick.wait()
+        if not deadlines:
+            await self._kick.wait()
+            return
+        # The next deadline kicks the loop itself: a timer per pass, no timeout context (on
+        # 3.11 asyncio.timeout looks up the task and the loop, and a timeout that fires
+        # cancels the task and raises through the wait; wait_for even makes a task).
+        loop = self._loop or asyncio.get_running_loop()
+        timer = loop.call_at(loop.time() + max(0.0, min(deadlines) - now), self._kick.set)
+        try:
+            await self._kick.wait()
+        finally:
+            timer.cancel()
 
     async def _shutdown(self) -> None:
         await self.tasks.shutdown(self.ctx.settings.shutdown_timeout, self.log)

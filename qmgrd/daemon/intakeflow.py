@@ -8,7 +8,8 @@ for the listener's side). We do the same with a real pipe, so listener
 worker processes can share it:
 
 - each message the queue manager moves out of ``incoming/`` (the loader's
-  ``incoming_moved`` hook) may put one token back;
+  ``incoming_moved`` hook) may put one token back (the messages moved in one pass
+  of the event loop together, with one refill);
 - the rule is Postfix's ``qmgr_loop`` (:func:`refill`): with fewer than
   ``limit`` tokens in the pipe (``default_process_limit``, Postfix's
   ``var_proc_limit``), put one per message moved while the queue manager is
@@ -268,9 +269,18 @@ class IntakeRegulator(ProcessRegulator):
         return bool(limit) and self.backlog() >= limit
 
     def incoming_moved(self) -> None:
-        """The queue manager moved a message out of ``incoming/`` (the loader's hook)."""
+        """The queue manager moved a message out of ``incoming/`` (the loader's hook).
+
+        The refill runs once for all the messages moved in one pass of the event loop
+        (``call_soon``): one FIONREAD and one write per pass, not per message, and the
+        rule's ``moved`` counts them all (Postfix refills once per ``qmgr_loop`` pass)."""
         self._moved += 1
-        self._refill()
+        if self._moved == 1:
+            asyncio.get_running_loop().call_soon(self._moved_refill)
+
+    def _moved_refill(self) -> None:
+        if not self.pipe.closed:  # not stopped meanwhile
+            self._refill()
 
     def _refill(self) -> None:
         s = self.settings

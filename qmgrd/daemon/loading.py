@@ -28,10 +28,13 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   where it was, to be loaded again. A system error while opening the moved
   file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
   file: it is moved back where it came from and loaded again later (logged),
-  never quarantined. The load's job also reads the first recipients ahead (as
-  many as a read request may ask): the message's first read request is
-  answered from them without a thread hop of its own, with the same records,
-  resume offset and errors a read would give.
+  never quarantined. The load's job opens and reads the file once
+  (``qmgrd.spool.loadread``): the envelope, the forced-expire mark, the first
+  recipients (as many as a read request may ask: the message's first read
+  request is answered from them without a thread hop of its own, with the same
+  records, resume offset and errors a read would give) and, for a small
+  message, the content, which its deliveries then send without reading the
+  file (``MessageTable.hold_content``, bounded in bytes).
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -49,7 +52,6 @@ message unaccounted for in the table. ``InvariantError`` is never caught here.
 
 from __future__ import annotations
 
-import os
 from functools import partial
 from pathlib import Path
 
@@ -59,13 +61,14 @@ from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.flows import flow_of, transport_flows
-from qmgrd.daemon.prefetch import PREFETCH, Prefetch, _from_prefetch, _prefetch
+from qmgrd.daemon.prefetch import PREFETCH, _from_prefetch
 from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.flowgate import FlowFacts
-from qmgrd.spool import QueueFile, QueueFileIOError, RecipientRecord, is_forced_expire
+from qmgrd.spool import QueueFileIOError, RecipientRecord, is_forced_expire
+from qmgrd.spool.loadread import LoadedFile, load_queue_file
 
-__all__ = ["FEED_BATCH", "PREFETCH", "Loader", "_from_prefetch", "_prefetch"]
+__all__ = ["FEED_BATCH", "PREFETCH", "Loader", "_from_prefetch"]
 
 FEED_BATCH = 64  # loads started per engine pass at most
 
@@ -194,7 +197,9 @@ class Loader:
         fresh = queue_id in self._fresh
         self._fresh.discard(queue_id)
 
-        def work() -> tuple[Path, QueueFile | SpoolError, bool, bool, Prefetch] | None:
+        keep = ctx.table.content_room()  # the content itself, for a small message
+
+        def work() -> tuple[Path, LoadedFile | SpoolError, bool] | None:
             try:
                 path = spool.move(queue_id, src, "active")
             except SpoolError:
@@ -211,21 +216,15 @@ class Loader:
             except SpoolError:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
-            try:
-                qf = QueueFile.open(path)
+            try:  # one open, one read: envelope, mode, first recipients, small content
+                return path, load_queue_file(path, PREFETCH, keep), bounced
             except QueueFileIOError:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise
             except SpoolError as exc:
-                return path, exc, bounced, False, None
+                return path, exc, bounced
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
-                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced, False, None
-            try:
-                forced = is_forced_expire(os.stat(path).st_mode)
-            except OSError as exc:
-                spool.move(queue_id, "active", src)
-                raise QueueFileIOError(f"{path}: cannot stat: {exc.strerror}") from exc
-            return path, qf, bounced, forced, _prefetch(qf)
+                return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced
 
         try:
             loaded = await ctx.io.submit(work)
@@ -246,15 +245,22 @@ class Loader:
         if loaded is None:
             ctx.table.done(record)
             return
-        path, qf, bounced, forced, prefetch = loaded
-        if isinstance(qf, SpoolError):
-            await self._quarantine(record, str(qf))
+        path, got, bounced = loaded
+        if isinstance(got, SpoolError):
+            await self._quarantine(record, str(got))
             return
+        qf = got.qf
         msg = ActiveMessage(
-            queue_id, path, qf, queued_time=now, bounced=bounced, forced_expire=forced
+            queue_id,
+            path,
+            qf,
+            queued_time=now,
+            bounced=bounced,
+            forced_expire=is_forced_expire(got.mode),
+            prefetch=(qf.first_recipient_offset, got.recipients, got.next_offset),
         )
-        msg.prefetch = prefetch
         record.active = msg
+        ctx.table.hold_content(msg, got.content)
         ctx.table.move(record, MessageState.IN_CORE)
         ctx.scheduler.message_create(
             queue_id,

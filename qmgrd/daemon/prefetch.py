@@ -1,9 +1,9 @@
 """The load's read-ahead: the first recipients of a message, read by the load's own job.
 
-``_prefetch(qf)`` (worker thread, in the load's job) reads the first
-``PREFETCH`` recipients; ``_from_prefetch(msg, request)`` answers a read request
-from them (once) exactly as ``read_recipients`` would, or says it cannot. See
-``qmgrd.daemon.loading``.
+The load's job reads the first ``PREFETCH`` recipients from the same read as
+the envelope (``qmgrd.spool.loadread``); ``_from_prefetch(msg, request)``
+answers a read request from them (once) exactly as ``read_recipients`` would,
+or says it cannot. See ``qmgrd.daemon.loading``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 from qmgrd.core.message import ReadRequest
 from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.daemon.table import ActiveMessage
-from qmgrd.spool import QueueFile, RecipientRecord
+from qmgrd.spool import RecipientRecord
 
-__all__ = ["PREFETCH", "Prefetch", "_from_prefetch", "_prefetch"]
+__all__ = ["PREFETCH", "Prefetch", "_from_prefetch"]
 
 
 # Recipients the load's job reads ahead: as many as a read request may ask (the core's
@@ -22,17 +22,6 @@ __all__ = ["PREFETCH", "Prefetch", "_from_prefetch", "_prefetch"]
 PREFETCH = READ_BATCH_LIMIT
 # (offset, the records or the read's exception, next offset), or None.
 Prefetch = tuple[int, list[RecipientRecord] | Exception, int] | None
-
-
-def _prefetch(qf: QueueFile, limit: int = PREFETCH) -> Prefetch:
-    """Worker thread (the load's job): the first ``limit`` recipients; a failed read is
-    kept, and raised by the read request it answers, so it is reported as before."""
-    offset = qf.first_recipient_offset
-    try:
-        records, next_offset = qf.read_recipients(offset, limit)
-    except Exception as exc:
-        return offset, exc, 0
-    return offset, records, next_offset
 
 
 def _from_prefetch(

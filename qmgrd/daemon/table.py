@@ -87,6 +87,13 @@ _ALLOWED: dict[MessageState | None, frozenset[MessageState | None]] = {
 
 Source = str  # "incoming" | "deferred": where a waiting message is loaded from
 
+# Message content held in memory between a load and the deliveries (the load reads the whole
+# file anyway; a delivery then costs no file read): at most CONTENT_KEEP bytes per message and
+# CONTENT_HELD bytes for all messages in core together (a bigger message, or one loaded while
+# the budget is spent, is read from its file by its deliveries, as before).
+CONTENT_KEEP = 256 * 1024
+CONTENT_HELD = 8 * 1024 * 1024
+
 
 @dataclass(slots=True, eq=False)
 class ActiveMessage:
@@ -105,6 +112,9 @@ class ActiveMessage:
     # The first recipients, read by the load's own job: (offset, records or the read's
     # exception, next offset); the first read request they cover needs no job (Loader.read).
     prefetch: tuple[int, list[RecipientRecord] | Exception, int] | None = None
+    # The content, read by the load's own job (small messages, within CONTENT_HELD):
+    # deliveries send it without reading the file again. Dropped when the pass ends.
+    content: bytes | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -132,6 +142,7 @@ class MessageTable:
         self.admission = admission or Admission()
         self._retry: dict[str, Tracked] = {}  # RETRY records: every pass looks at them
         self.loading = 0  # records in LOADING (cheap for the feed's limit check)
+        self.content_held = 0  # bytes of content held by IN_CORE messages (CONTENT_HELD)
 
     # ------------------------------------------------------------------ queries
 
@@ -182,9 +193,23 @@ class MessageTable:
             self.loading += 1
         return record
 
+    def content_room(self) -> int:
+        """How big a content a load may read to hold now (0: none; see ``CONTENT_HELD``)."""
+        return min(CONTENT_KEEP, CONTENT_HELD - self.content_held)
+
+    def hold_content(self, msg: ActiveMessage, content: bytes | None) -> None:
+        """``msg`` (just loaded) keeps ``content`` for its deliveries if the budget allows."""
+        if content is not None and self.content_held + len(content) <= CONTENT_HELD:
+            msg.content = content
+            self.content_held += len(content)
+
     def move(self, record: Tracked, state: MessageState) -> None:
         """Change ``record``'s state; InvariantError for a move the table does not allow."""
         self._check(record, state)
+        if record.state is MessageState.IN_CORE and record.active is not None:
+            content, record.active.content = record.active.content, None  # the pass ended
+            if content is not None:
+                self.content_held -= len(content)
         if record.state is MessageState.LOADING:
             self.loading -= 1
         elif record.state is MessageState.RETRY:

@@ -103,6 +103,7 @@ class WorkPool:
         self._local = threading.local()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._arming = False  # an _arm is posted to the loop and has not run yet
         self._closing = False
 
     # -- the event-loop side ----------------------------------------------------------
@@ -166,13 +167,20 @@ class WorkPool:
                 self._spares.notify()
             else:
                 break
-        if self._reg.deadline() is not None and self._timer is None and self._loop is not None:
+        if (
+            self._reg.deadline() is not None
+            and self._timer is None
+            and not self._arming
+            and self._loop is not None
+        ):
             with contextlib.suppress(RuntimeError):  # a closed loop: nothing left to regulate
                 self._loop.call_soon_threadsafe(self._arm)
+                self._arming = True  # one wake-up of the loop until it has run _arm
 
     def _arm(self) -> None:
         """Loop thread: schedule a regulation at the regulator's deadline."""
         with self._lock:
+            self._arming = False
             deadline = self._reg.deadline()
             if deadline is None or self._timer is not None or self._loop is None:
                 return
@@ -259,4 +267,5 @@ class WorkPool:
         with self._lock:  # reusable: a daemon stopped and started again (tests) gets new threads
             self._threads = [t for t in self._threads if t.is_alive()]
             self._closing = False
+            self._arming = False
             self._loop = None

@@ -7,6 +7,9 @@ blocks the event loop nor sits in memory whole. ``run`` (optional) is how the
 first read (open + first chunk, all of a small message) gets to a thread: the
 daemon passes its ``IoBatcher.submit`` so that read shares a hop with other
 spool work instead of costing one of its own; without it, ``asyncio.to_thread``.
+``data`` (optional) is the content itself, when the caller read it already (the
+queue manager's load reads small files whole, ``qmgrd.spool.loadread``): then
+neither ``chunks`` nor ``read`` touches the file.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ class QueueFileContent:
     offset: int
     size: int
     run: Runner | None = field(default=None, compare=False)  # the first read's thread hop
+    # The content itself when the caller holds it already (the load read it): no file read.
+    data: bytes | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(cls, qf: QueueFile) -> QueueFileContent:
@@ -44,6 +49,10 @@ class QueueFileContent:
         The open and the first read share one thread hop (most mail fits in one
         chunk, so a delivery costs a single hop for its content).
         """
+        if self.data is not None:
+            for pos in range(0, len(self.data), chunk_size):
+                yield self.data[pos : pos + chunk_size]
+            return
         end = self.offset + self.size
         want = min(chunk_size, self.size)
         first = partial(_open_and_read, self.path, want, self.offset, want == self.size)
@@ -71,6 +80,8 @@ class QueueFileContent:
 
     def read(self) -> bytes:
         """The whole content, synchronously (bounces, tests)."""
+        if self.data is not None:
+            return self.data
         try:
             with os.fdopen(open_regular(self.path, os.O_RDONLY), "rb") as f:
                 f.seek(self.offset)

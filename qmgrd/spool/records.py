@@ -102,6 +102,11 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     writer; it has no effect on regular files. Other OSErrors (EACCES, EMFILE)
     propagate for the caller to wrap. With ``O_CREAT`` a new file gets ``mode``.
     """
+    return open_regular_stat(path, flags, mode)[0]
+
+
+def open_regular_stat(path: Path, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
+    """``open_regular``, and the descriptor's ``fstat`` (size and mode without another call)."""
     try:
         fd = os.open(path, flags | _OPEN_FLAGS, mode)
     except OSError as exc:
@@ -109,14 +114,14 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
             raise SpoolError(f"{path}: is a symbolic link, not a queue file") from None
         raise
     try:
-        st_mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
     except OSError:
         os.close(fd)
         raise
-    if not stat.S_ISREG(st_mode):
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise SpoolError(f"{path}: not a regular file")
-    return fd
+    return fd, st
 
 
 @contextmanager
@@ -419,12 +424,13 @@ class QueueFile:
         """Parse the envelope; raises SpoolError naming the reason if the file is unusable."""
         try:
             with _reader(path) as (f, size):
-                return cls._parse(f, path, size)
+                return cls.parse(f, path, size)
         except OSError as exc:
             raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
 
     @classmethod
-    def _parse(cls, f: BinaryIO, path: Path, file_size: int) -> QueueFile:
+    def parse(cls, f: BinaryIO, path: Path, file_size: int) -> QueueFile:
+        """The envelope of the queue file ``path`` open as ``f`` (``file_size`` bytes)."""
         stream = _Stream(f, 0, path, file_size)
         _, rtype, length = stream.header()
         if rtype != REC_SIZE or length != _SIZE_PAYLOAD_LEN:
@@ -529,26 +535,31 @@ def read_recipients(path: Path, offset: int, limit: int) -> tuple[list[Recipient
         raise InvariantError(f"read_recipients limit {limit} < 1")
     if offset <= 0:
         raise InvariantError(f"read_recipients offset {offset} is not a recipient offset")
-    out: list[RecipientRecord] = []
     try:
         with _reader(path) as (f, size):
-            stream = _Stream(f, offset, path, size)
-            while True:
-                rec_offset, rtype, length = stream.header()
-                if rtype == REC_RCPT:
-                    if len(out) == limit:
-                        return out, rec_offset
-                    out.append(_decode_recipient(stream.payload(length), rec_offset))
-                elif rtype == REC_DONE:
-                    stream.skip(length)
-                elif rtype == REC_CONTENT:
-                    return out, 0
-                else:
-                    raise SpoolError(
-                        f"{path}: unexpected record type {rtype:#x} at offset {rec_offset}"
-                    )
+            return recipients_from(f, size, path, offset, limit)
     except OSError as exc:
         raise QueueFileIOError(f"{path}: cannot read queue file: {exc.strerror}") from exc
+
+
+def recipients_from(
+    f: BinaryIO, size: int, path: Path, offset: int, limit: int
+) -> tuple[list[RecipientRecord], int]:
+    """``read_recipients`` over the queue file ``path`` already open as ``f`` (``size`` bytes)."""
+    out: list[RecipientRecord] = []
+    stream = _Stream(f, offset, path, size)
+    while True:
+        rec_offset, rtype, length = stream.header()
+        if rtype == REC_RCPT:
+            if len(out) == limit:
+                return out, rec_offset
+            out.append(_decode_recipient(stream.payload(length), rec_offset))
+        elif rtype == REC_DONE:
+            stream.skip(length)
+        elif rtype == REC_CONTENT:
+            return out, 0
+        else:
+            raise SpoolError(f"{path}: unexpected record type {rtype:#x} at offset {rec_offset}")
 
 
 def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from qmgrd.core.resolve import (
+    _LITERAL_RE,
     EMPTY,
     Resolved,
     Resolver,
     ResolverSettings,
     TransportTable,
+    _domain_of,
     queue_name,
 )
 from qmgrd.tables import Order, find_address, open_table
@@ -271,3 +276,38 @@ def test_transport_map_nexthop_wins_over_sender_dependent_relayhost() -> None:
     r = Resolver(settings)
     assert r.resolve("u@x.test", sender="a@src.test").nexthop == "[mapped]"
     assert r.resolve("u@y.test", sender="a@src.test").nexthop == "[src-relay]"
+
+
+def _domain_of_reference(address: str) -> str | None:
+    """_domain_of as it was written character by character (the reference)."""
+    at = address.rfind("@")
+    if at <= 0 or at == len(address) - 1:
+        return None
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in address):
+        return None
+    local, domain = address[:at], address[at + 1 :]
+    quoted = len(local) >= 2 and local.startswith('"') and local.endswith('"')
+    if not quoted and any(ch.isspace() for ch in local):
+        return None
+    if "@" in local and not quoted:
+        return None
+    if domain.startswith("["):
+        return domain.lower() if _LITERAL_RE.match(domain) else None
+    domain = domain.rstrip(".") if domain.endswith(".") and len(domain) > 1 else domain
+    label = re.compile(r"^[A-Za-z0-9_\-\u0080-\U0010ffff]+$")
+    if any(not label.match(part) for part in domain.split(".")):
+        return None
+    return domain.lower()
+
+
+_PIECES = st.sampled_from(
+    ["a", "B", "0", "_", "-", ".", "@", '"', " ", "\t", "\n", "\x00", "\x7f", "\x85", "\u00a0",
+     "\u2028", "é", "ü", "[", "]", ":", "1.2.3.4", "\U0001f600", "x.", ".."]
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(_PIECES, max_size=12).map("".join) | st.text(max_size=16))
+def test_domain_checks_by_regular_expression_equal_the_character_walk(address: str) -> None:
+    """The regular expressions accept and reject exactly what the per-character checks did."""
+    assert _domain_of(address) == _domain_of_reference(address)

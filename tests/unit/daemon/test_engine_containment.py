@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -15,7 +15,7 @@ from qmgrd.daemon.notices import COMPOSE_MAX_THREADS, PoolBusy, ThreadPool
 from qmgrd.daemon.table import MessageState
 from qmgrd.delivery.agent import Outcome
 from qmgrd.ops.operation import Operation
-from qmgrd.spool import QueueFile
+from qmgrd.spool import QueueFile, loadread, records
 from tests.support.agents import FakeAgent, Verdict
 from tests.support.engine import create_test_engine as _engine
 from tests.support.engine import run_until_idle as _run_until_idle
@@ -237,14 +237,14 @@ async def test_a_parser_exception_quarantines_only_that_file(
     engine, spool, clock = _engine(tmp_path, agent)
     bad = _submit(spool, clock, "s@src.test", ["x@a.test"])
     good = _submit(spool, clock, "s@src.test", ["y@a.test"])
-    real = QueueFile.open
+    real = QueueFile.parse
 
-    def open_(path: Path) -> QueueFile:
+    def parse(f: BinaryIO, path: Path, size: int) -> QueueFile:
         if path.name == bad:
             raise IndexError("parser bug")
-        return real(path)
+        return real(f, path, size)
 
-    monkeypatch.setattr(QueueFile, "open", staticmethod(open_))
+    monkeypatch.setattr(QueueFile, "parse", staticmethod(parse))
     task = await _run_until_idle(engine)
     await _stop(engine, task)
     assert agent.delivered == [(good, "y@a.test")]
@@ -259,16 +259,16 @@ async def test_a_reader_exception_defers_only_that_message(
     engine, spool, clock = _engine(tmp_path, agent)
     bad = _submit(spool, clock, "s@src.test", ["x@a.test"])
     good = _submit(spool, clock, "s@src.test", ["y@a.test"])
-    real = QueueFile.read_recipients
+    real = records.recipients_from
     calls: list[int] = []
 
-    def read(self: QueueFile, offset: int, limit: int) -> Any:
-        if self.path.name == bad and not calls:
+    def read(f: BinaryIO, size: int, path: Path, offset: int, limit: int) -> Any:
+        if path.name == bad and not calls:
             calls.append(1)
             raise MemoryError("reader bug")
-        return real(self, offset, limit)
+        return real(f, size, path, offset, limit)
 
-    monkeypatch.setattr(QueueFile, "read_recipients", read)
+    monkeypatch.setattr(loadread, "recipients_from", read)  # the load's first read
     task = await _run_until_idle(engine)
     await _stop(engine, task)
     assert agent.delivered == [(good, "y@a.test")]

@@ -14,6 +14,7 @@ from qmgrd.daemon.intakeflow import (
     FlowCollector,
     FlowSettings,
     IntakeRegulator,
+    TokenPipe,
     WorkerRegulator,
     refill,
 )
@@ -66,10 +67,41 @@ async def test_in_flow_delay_from_main_cf_paces_messages_to_the_queue_manager(
         assert not third.done() and reg.gate.paused == 1  # waiting for the queue manager
         reg.incoming_moved()  # behind: exactly one token back
         assert await asyncio.wait_for(third, 20)
+        assert reg.pipe.count() == 0  # one, not more
         assert reg.gate.timeouts == 0 and reg.pipe.count() == 0
         behind[0] = False
         reg.incoming_moved()  # caught up: topped up to the limit
+        await asyncio.sleep(0)  # the loop's pass ends: its moves are refilled together
         assert reg.pipe.count() == 2
+    finally:
+        reg.stop()
+
+
+async def test_the_messages_moved_in_one_pass_are_refilled_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind: one token per message moved, put by one refill at the end of the pass."""
+    cfg = load_config(write_config(tmp_path, "default_process_limit = 5"), hostname="mx.test")
+    reg = _regulator(FlowSettings.from_config(cfg), [0], [True])
+    writes: list[int] = []
+    put = TokenPipe.put
+
+    def counted(pipe: TokenPipe, count: int) -> int:
+        writes.append(count)
+        return put(pipe, count)
+
+    monkeypatch.setattr(TokenPipe, "put", counted)
+    try:
+        assert reg.pipe.take(5) == 5
+        for _ in range(3):
+            reg.incoming_moved()
+        assert reg.pipe.count() == 0  # nothing yet: the pass goes on
+        await asyncio.sleep(0)
+        assert reg.pipe.count() == 3 and writes == [3]
+        reg.incoming_moved()
+        reg.stop()  # stopped before the refill ran: nothing happens
+        await asyncio.sleep(0)
+        assert writes == [3]
     finally:
         reg.stop()
 

@@ -30,7 +30,7 @@ from tests.support.config import write_config
 def test_a_commit_crosses_the_channel_whole(sasl: str | None) -> None:
     """Queue id, sender, client address, SASL user and recipient count come back as sent,
     on one line."""
-    c = Committed("4A0C1922FA60", 'o"dd\\sender@example.com', "2001:db8::1", sasl, 3)
+    c = Committed("4A0C1922FA60", 'o"dd\\sender@\u00e9xample.com', "2001:db8::1", sasl, 3)
     line = encode_commit(c)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert commit_from(parse(line)) == c
@@ -38,7 +38,10 @@ def test_a_commit_crosses_the_channel_whole(sasl: str | None) -> None:
 
 @pytest.mark.parametrize(
     "line",
-    [b"{}\n", b"[]\n", b"[1]\n", b"not json\n", b'["c","id"]\n', b'["c",1,"s","a",null,1]\n'],
+    [
+        b"{}\n", b"[]\n", b"[1]\n", b"not json\n", b'["c","id"]\n', b'["c",1,"s","a",null,1]\n',
+        b'["c","\xff"]\n', b"\n",
+    ],
 )
 def test_a_malformed_line_is_a_value_error(line: bytes) -> None:
     """What a worker could never send is refused (the queue manager logs and drops it)."""

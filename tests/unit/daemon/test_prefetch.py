@@ -1,7 +1,9 @@
-"""The load's read-ahead answers a read request exactly as read_recipients would."""
+"""The load's read-ahead answers a read request exactly as read_recipients would; the load
+opens and reads each queue file once."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,10 @@ from hypothesis import strategies as st
 from qmgrd.core.message import Message, ReadRequest
 from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.daemon import loading
-from qmgrd.daemon.loading import PREFETCH, Loader, _from_prefetch, _prefetch
+from qmgrd.daemon.loading import PREFETCH, Loader, _from_prefetch
 from qmgrd.daemon.table import ActiveMessage
-from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, mark_done
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, loadread, mark_done, records
+from qmgrd.spool.loadread import load_queue_file
 from tests.support.agents import FakeAgent
 from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
 
@@ -54,8 +57,9 @@ def test_prefetch_equals_a_read(
     done = {d for d in done if d < count - 1}  # keep one recipient to deliver
     msg = _message(spool, count, done)
     qf = msg.qf
-    msg.prefetch = ahead = _prefetch(qf, AHEAD)
-    assert ahead is not None
+    loaded = load_queue_file(msg.path, AHEAD)
+    assert loaded.qf == qf
+    msg.prefetch = ahead = (qf.first_recipient_offset, loaded.recipients, loaded.next_offset)
     request = ReadRequest(
         Message(msg.queue_id, 0.0, count, limit), qf.first_recipient_offset, limit
     )
@@ -85,24 +89,27 @@ async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first read request of a message is answered from the read-ahead by the engine's
-    pass itself: no read task, and the file's recipients are read once (by the load)."""
+    pass itself: no read task, and each file is opened once, by its load (the envelope, the
+    recipients and the content of a small message all come from that one read)."""
     agent = FakeAgent()
     engine, spool, clock = create_test_engine(tmp_path, agent)
     reads = _count_read_tasks(monkeypatch)
-    file_reads: list[int] = []
-    plain_file_read = QueueFile.read_recipients
+    opened: list[str] = []
+    plain_open = records.open_regular_stat
 
-    def counted_file_read(self: QueueFile, offset: int, limit: int) -> object:
-        file_reads.append(offset)
-        return plain_file_read(self, offset, limit)
+    def counted_open(path: Path, flags: int, mode: int = 0o600) -> object:
+        if path.parent.name == "active" and flags & (os.O_WRONLY | os.O_RDWR) == 0:
+            opened.append(path.name)
+        return plain_open(path, flags, mode)
 
-    monkeypatch.setattr(QueueFile, "read_recipients", counted_file_read)
+    monkeypatch.setattr(records, "open_regular_stat", counted_open)
+    monkeypatch.setattr(loadread, "open_regular_stat", counted_open)
     qids = [submit(spool, clock, "s@x.test", [f"r{i}@y.test"]) for i in range(3)]
     task = await run_until_idle(engine)
     try:
         assert sorted(q for q, _ in agent.delivered) == sorted(qids)
         assert reads == []
-        assert len(file_reads) == len(qids)  # the loads' read-ahead only
+        assert sorted(opened) == sorted(qids)  # one read-only open per message: its load's
     finally:
         await stop_engine(engine, task)
 
@@ -113,7 +120,7 @@ async def test_a_read_beyond_the_read_ahead_still_takes_a_task(
     """Recipients past the read-ahead are read by a task, as before."""
     agent = FakeAgent()
     engine, spool, clock = create_test_engine(tmp_path, agent)
-    monkeypatch.setattr(loading, "_prefetch", lambda qf: _prefetch(qf, 2))
+    monkeypatch.setattr(loading, "PREFETCH", 2)
     reads = _count_read_tasks(monkeypatch)
     rcpts = [f"r{i}@y.test" for i in range(5)]
     qid = submit(spool, clock, "s@x.test", rcpts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from typing import Any
 
 import pytest
 
@@ -112,4 +113,42 @@ async def test_blocking_section_marks_a_non_blocking_job() -> None:
         await pool.run(job, blocking=False)
         assert seen == [1, 0]
     finally:
+        pool.close()
+
+
+async def test_a_shortfall_wakes_the_loop_once_to_arm_its_timer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a deadline waits to be armed, more regulations post no more wake-ups: one
+    ``_arm`` reaches the loop, and once it ran the deadline timer is armed."""
+    clock = FakeClock()
+    pool = WorkPool(target=1, limit=2, clock=clock)
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    posted: list[object] = []
+    real = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> asyncio.Handle:
+        if getattr(callback, "__name__", "") == "_arm":
+            posted.append(callback)
+        return real(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    try:
+        stuck = asyncio.ensure_future(pool.run(lambda: release.wait(20)))
+        await wait_until(lambda: pool.counts().blocked == 1, "the first job to block")
+        queued = [asyncio.ensure_future(pool.run(lambda: "ran")) for _ in range(3)]
+        await asyncio.sleep(0)  # the three are submitted (each regulates); _arm has not run
+        for _ in range(5):
+            pool._regulate()  # each worker event regulates; the shortfall has a deadline
+        assert len(posted) == 1
+        await asyncio.sleep(0)  # the loop runs _arm: the timer is armed
+        assert pool._timer is not None and not pool._arming
+        clock.advance(0.2)
+        pool.regulate()  # the deadline passed: a second worker takes the queued jobs
+        assert await asyncio.wait_for(asyncio.gather(*queued), 20) == ["ran"] * 3
+        release.set()
+        assert await asyncio.wait_for(stuck, 20) is True
+    finally:
+        release.set()
         pool.close()

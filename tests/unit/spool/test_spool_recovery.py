@@ -8,6 +8,7 @@ import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import pytest
 
@@ -21,6 +22,7 @@ from qmgrd.spool import (
     QueueFileIOError,
     RecipientSpec,
     Spool,
+    loadread,
     mark_done,
     records,
 )
@@ -116,16 +118,16 @@ async def test_emfile_while_loading_does_not_quarantine_the_message(
         clock=clock,
         agents={"smtp": agent, "relay": agent},
     )
-    real = records.open_regular
+    real = records.open_regular_stat
     failures = {"left": 1}
 
-    def flaky(path: Path, flags: int, mode: int = 0o600) -> int:
+    def flaky(path: Path, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
         if path.parent.name == "active" and failures["left"]:
             failures["left"] -= 1
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
         return real(path, flags, mode)
 
-    monkeypatch.setattr(records, "open_regular", flaky)
+    monkeypatch.setattr(loadread, "open_regular_stat", flaky)  # the load's one open
     qid = spool.commit(ENV, b"Subject: t\r\n\r\nhello\r\n")
     task = asyncio.create_task(engine.run())
     try:
@@ -190,17 +192,17 @@ async def test_eio_while_reading_recipients_does_not_quarantine_the_message(
         clock=clock,
         agents={"smtp": agent, "relay": agent},
     )
-    real = records.open_regular
+    real = records.recipients_from
     opens = {"active": 0}
 
-    def flaky(path: Path, flags: int, mode: int = 0o600) -> int:
+    def flaky(f: BinaryIO, size: int, path: Path, offset: int, limit: int) -> Any:
         if path.parent.name == "active":
             opens["active"] += 1
-            if opens["active"] == 2:  # the first recipient read, after the envelope
+            if opens["active"] == 1:  # the first recipient read, after the envelope
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
-        return real(path, flags, mode)
+        return real(f, size, path, offset, limit)
 
-    monkeypatch.setattr(records, "open_regular", flaky)
+    monkeypatch.setattr(loadread, "recipients_from", flaky)  # the load's recipient read
     qid = spool.commit(ENV, b"Subject: t\r\n\r\nhello\r\n")
     task = asyncio.create_task(engine.run())
     try:
