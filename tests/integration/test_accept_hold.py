@@ -8,16 +8,16 @@ gets in before the hold ends can only have been let in by the session's end
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from pathlib import Path
 
 import pytest
 
-from qmgrd.daemon.intakeflow import FlowSettings, WorkerRegulator
+from qmgrd.daemon.intakeflow import FlowSettings
 from qmgrd.listener import accepting
 from qmgrd.listener.inflow import OVERLOAD_REPLY
 from tests.support.listener import Chat, listening, loopback_settings
+from tests.support.regulator import worker_regulator
 from tests.support.waits import TIMEOUT
 
 CAP = 2
@@ -37,9 +37,8 @@ async def test_a_session_that_ends_during_a_hold_lets_the_longest_waiting_client
     client queued in the kernel: when one session ends, that client gets the greeting at
     once, and the cap still holds (CAP live, never more)."""
     monkeypatch.setattr(accepting, "REFUSE_HOLD", 3600.0)
-    r, w = os.pipe()
-    regulator = WorkerRegulator(r, FlowSettings(lag_limit=0.05, session_limit=CAP))
-    try:
+    settings = FlowSettings(lag_limit=0.05, session_limit=CAP)
+    with worker_regulator(settings) as regulator:
         async with listening(tmp_path, loopback_settings(session_limit=1000)) as srv:
             regulator.sessions = lambda: len(srv.handle.sessions)
             srv.handle.ctx.inflow = regulator.gate
@@ -56,7 +55,3 @@ async def test_a_session_that_ends_during_a_hold_lets_the_longest_waiting_client
             assert (await late.cmd("QUIT")).startswith("221")
             assert (await second.cmd("QUIT")).startswith("221")
             await late.close()
-    finally:
-        regulator.stop()
-        os.close(r)
-        os.close(w)
