@@ -12,7 +12,7 @@ plus ``REGULATED``: ``in_flow_lag_limit = 50`` and ``in_flow_backlog_limit =
 an earlier one; ``metrics_listen`` on loopback) relaying to
 ``bench/sinkproc.py``. The generator and the sink run at nice 10: they
 stand for other machines and should not take the relay's CPU on a small
-box. A load generator in its own process sends 1 KB
+box. A load generator in its own process (``bench/overloadgen.py``) sends 1 KB
 messages with one recipient, a new SMTP session per message (smtp-source's
 shape), in two phases:
 
@@ -29,7 +29,10 @@ the peak; the relay's event-loop lag p50/p99 at peak and during the overload (fr
 ``qmgrd_event_loop_lag_seconds`` histogram, interpolated within buckets);
 the relay's CPU use in both phases (share of a core, CPU ms per delivered
 message: tells a relay that got less CPU from one that wasted it; the queue
-manager's and the listener workers' apart); with listener workers
+manager's and the listener workers' apart); the generator's and the sink's
+CPU (shares of a core this box's relay did not get) and how long an accepted
+session lasted on average (live sessions = rate x length: a session cap
+binds the rate when sessions last longer); with listener workers
 (``--smtpd-workers N``) each worker's loop lag p50/p99 and its session cap
 (``qmgrd_smtpd_worker_*``); and how long each process's main thread (its
 event loop) ran and how long it waited for a CPU while runnable
@@ -46,8 +49,6 @@ asserted. Everything binds to 127.0.0.1.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -59,7 +60,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.overloadreport import cpu_line, lag_lines, log_lines, ping, timeline, wait_line
+from bench.overloadgen import cpu_seconds, generate_into, mean_ms, nice
+from bench.overloadreport import (
+    cpu_line,
+    lag_lines,
+    log_lines,
+    other_side_line,
+    ping,
+    timeline,
+    wait_line,
+)
 from bench.postfix_bench import free_port, wait_port  # a sibling script, not a package
 from bench.relaymetrics import (
     ControlProbe,
@@ -71,121 +81,7 @@ from bench.relaymetrics import (
 from qmgrd.daemon.control import control_socket_path
 
 REPO = Path(__file__).resolve().parents[1]
-_BODY = b"Subject: overload\r\n\r\n" + (b"x" * 70 + b"\r\n") * 14 + b".\r\n"  # about 1 KB
-_SESSION_TIMEOUT = 30.0
 REGULATED = ("in_flow_lag_limit = 50", "in_flow_backlog_limit = 1000")  # off by default
-NICE = 10  # niceness of the generator and sink processes
-
-
-# -- the load generator (its own process: --generate) --------------------------------------
-
-
-async def _reply(reader: asyncio.StreamReader) -> bytes:
-    while True:
-        line = await reader.readline()
-        if not line or line[3:4] != b"-":
-            return line
-
-
-async def _message(port: int, n: int) -> str:
-    """One session, one message: accepted, refused (421), other, or error."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        if (await _reply(reader)).startswith(b"421"):
-            return "refused"
-        steps = (
-            b"EHLO gen.bench",
-            f"MAIL FROM:<g{n}@gen.bench>".encode(),
-            b"RCPT TO:<r@sink.bench>",
-        )
-        for line in steps:
-            writer.write(line + b"\r\n")
-            reply = await _reply(reader)
-            if reply.startswith(b"421"):
-                return "refused late"  # after the session's start: its work so far wasted
-            if not reply.startswith(b"250"):
-                return "other"
-        writer.write(b"DATA\r\n")
-        if not (await _reply(reader)).startswith(b"354"):
-            return "other"
-        writer.write(_BODY)
-        reply = await _reply(reader)
-        writer.write(b"QUIT\r\n")
-        return "accepted" if reply.startswith(b"250") else "other"
-    finally:
-        writer.close()
-
-
-async def _guarded(port: int, n: int, counts: dict[str, int]) -> None:
-    try:
-        outcome = await asyncio.wait_for(_message(port, n), _SESSION_TIMEOUT)
-    except TimeoutError:
-        outcome = "timeout"
-    except OSError:
-        outcome = "error"
-    counts[outcome] = counts.get(outcome, 0) + 1
-
-
-async def generate(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
-    """closed: ``value`` sessions in parallel; open: ``value`` new sessions per second."""
-    counts: dict[str, int] = {"sent": 0}
-    end = time.monotonic() + duration
-    if mode == "closed":
-
-        async def worker(w: int) -> None:
-            n = w
-            while time.monotonic() < end:
-                counts["sent"] += 1
-                await _guarded(port, n, counts)
-                n += int(value)
-
-        await asyncio.gather(*(worker(w) for w in range(int(value))))
-        return counts
-    tasks: set[asyncio.Task[None]] = set()
-    start, n = time.monotonic(), 0
-    while time.monotonic() < end:
-        due = start + n / value
-        delay = due - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        n += 1
-        if len(tasks) >= cap:
-            counts["capped"] = counts.get("capped", 0) + 1
-            continue
-        counts["sent"] += 1
-        task = asyncio.create_task(_guarded(port, n, counts))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=_SESSION_TIMEOUT + 5)
-    return counts
-
-
-def _nice() -> None:
-    """The generator and the sink stand for other machines: they yield the CPU to the relay."""
-    os.nice(NICE)
-
-
-def run_generator(port: int, mode: str, value: float, duration: float, cap: int) -> dict[str, int]:
-    """Run the generator in a child process (so it does not share the bench's loop)."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--generate",
-            mode,
-            str(value),
-            str(duration),
-            str(port),
-            str(cap),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=str(REPO),
-        preexec_fn=_nice,
-    )
-    counts: dict[str, int] = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    return counts
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -249,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             [sys.executable, str(REPO / "bench" / "sinkproc.py")],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            preexec_fn=_nice,
+            preexec_fn=nice,
         )
         assert sinkproc.stdout is not None and sinkproc.stdin is not None
         sink = int(sinkproc.stdout.readline())
@@ -263,26 +159,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             warm = args.peak / 4
             m0 = scrape(metrics_port)
-            peak_thread = threading.Thread(
-                target=lambda: peak_counts.update(
-                    run_generator(port, "closed", args.sessions, args.peak, args.outstanding)
-                )
-            )
             peak_counts: dict[str, int] = {}
+            peak_gen: list[float] = []  # the generator's CPU seconds
+            peak_thread = threading.Thread(
+                target=generate_into,
+                args=(peak_counts, peak_gen, port, "closed", args.sessions, args.peak, args),
+            )
             peak_thread.start()
             time.sleep(warm)
             with ControlProbe(control_socket_path(root / "spool")) as peak_probe:
                 t1, m1, c1 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w1 = run_waits(relay.pid)
+                w1, k1 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 peak_thread.join()
                 t2, m2, c2 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w2 = run_waits(relay.pid)
+                w2, k2 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
             peak = (sent(m2) - sent(m1)) / (t2 - t1)
+            peak_ms = mean_ms(peak_counts)
             print(cpu_line("at peak", c1, c2, t2 - t1, sent(m2) - sent(m1)))
             print(
                 f"peak: {peak:.0f} msg/s delivered ({args.sessions} sessions, "
-                f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}"
+                f"{args.peak:g} s, first {warm:g} s left out); generator {peak_counts}, "
+                f"an accepted session lasts {peak_ms:.0f} ms on average"
             )
+            print(other_side_line("at peak", sum(peak_gen) / args.peak, (k2 - k1) / (t2 - t1)))
             lag_lines("at peak", m1, m2)
             print(wait_line("at peak", w1, w2, t2 - t1))
             ping("at peak", peak_probe)
@@ -293,25 +192,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
             over_counts: dict[str, int] = {}
+            over_gen: list[float] = []
             with ControlProbe(control_socket_path(root / "spool")) as probe:
                 gen = threading.Thread(
-                    target=lambda: over_counts.update(
-                        run_generator(port, "open", rate, args.duration, args.outstanding)
-                    )
+                    target=generate_into,
+                    args=(over_counts, over_gen, port, "open", rate, args.duration, args),
                 )
                 t3, m3, c3 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w3 = run_waits(relay.pid)
+                w3, k3 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 log3 = (root / "maillog").stat().st_size
                 gen.start()
                 timeline(metrics_port, m3, args.duration, args.timeline)
                 t4, m4, c4 = time.monotonic(), scrape(metrics_port), relay_cpu(relay.pid)
-                w4 = run_waits(relay.pid)
+                w4, k4 = run_waits(relay.pid), cpu_seconds(sinkproc.pid)
                 log4 = (root / "maillog").stat().st_size
                 gen.join()
+            gen_share, sink_share = sum(over_gen) / args.duration, (k4 - k3) / (t4 - t3)
             under = (sent(m4) - sent(m3)) / (t4 - t3)
             print(f"load average after the overload: {os.getloadavg()[0]:.1f}")
             print(cpu_line("under overload", c3, c4, t4 - t3, sent(m4) - sent(m3)))
             print(f"rate under overload: {under:.0f} msg/s delivered = {under / peak:.0%} of peak")
+            print(other_side_line("under overload", gen_share, sink_share))
             lag_lines("during overload", m3, m4)
             print(wait_line("during overload", w3, w4, t4 - t3))
             ping("under overload", probe)
@@ -323,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{over_counts.get('accepted', 0)}, 421 {refused} ({late} of them after the "
                 f"greeting), other "
                 f"{over_counts.get('other', 0)}, timeout {over_counts.get('timeout', 0)}, error "
-                f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}"
+                f"{over_counts.get('error', 0)}, capped {over_counts.get('capped', 0)}; an "
+                f"accepted session lasts {mean_ms(over_counts):.0f} ms on average"
             )
             accepted = peak_counts.get("accepted", 0) + over_counts.get("accepted", 0)
             deadline = time.monotonic() + 300
@@ -347,14 +249,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--generate":
-        mode, value, duration, port, cap = sys.argv[2:7]
-        try:
-            import uvloop
-
-            result = uvloop.run(generate(int(port), mode, float(value), float(duration), int(cap)))
-        except ImportError:
-            result = asyncio.run(generate(int(port), mode, float(value), float(duration), int(cap)))
-        print(json.dumps(result), flush=True)
-        sys.exit(0)
     sys.exit(main())

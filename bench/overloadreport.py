@@ -2,7 +2,8 @@
 
 Each function prints (or returns) one kind of line from what ``bench.relaymetrics`` reads:
 ``ping`` (control-socket round trips), ``wait_line`` (schedstat run and wait times),
-``cpu_line`` (CPU share and per message), ``lag_lines`` (loop-lag quantiles, per worker too),
+``cpu_line`` (CPU share and per message), ``other_side_line`` (the generator's and
+the sink's CPU), ``lag_lines`` (loop-lag quantiles, per worker too),
 ``log_lines`` (maillog lines between two offsets, per process and kind) and ``timeline``
 (sleeps through the overload, printing the relay's state every few seconds).
 """
@@ -58,6 +59,15 @@ def cpu_line(
     if smtpd:
         line += f" (queue manager {qmgr / seconds:.0%}, listener workers {smtpd / seconds:.0%})"
     return line
+
+
+def other_side_line(when: str, generator: float, sink: float) -> str:
+    """The load generator's and the sink's CPU (shares of a core): they stand for other
+    machines, but on this box what they take is not the relay's."""
+    return (
+        f"generator and sink CPU {when}: generator {generator:.0%} of a core, "
+        f"sink {sink:.0%} (both niced)"
+    )
 
 
 def lag_lines(when: str, before: dict[str, float], after: dict[str, float]) -> None:

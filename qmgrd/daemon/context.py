@@ -47,8 +47,11 @@ RETRY_DELAY = 5.0  # seconds before file work that failed (disk full, EIO) is tr
 class DeliveryObserver(Protocol):
     """Where the engine reports outcomes for metrics (``qmgrd.daemon.metrics.Metrics``)."""
 
-    def record_delivery(self, transport: str, status: str, dsn: str, seconds: float) -> None:
-        """One recipient outcome; ``seconds`` since the message arrived."""
+    def record_delivery(
+        self, transport: str, status: str, dsn: str, seconds: float, count: int = 1
+    ) -> None:
+        """``count`` recipient outcomes (one status and DSN); ``seconds`` since the message
+        arrived."""
         ...
 
     def record_attempt(self, transport: str, seconds: float) -> None:

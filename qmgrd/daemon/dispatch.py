@@ -22,7 +22,8 @@ accepts that reading; otherwise it is an ordinary hop failure. The scheduler
 gets the delivery's real duration (``service_time``, for fair queuing's G - S
 correction). With a destination gate (``ctx.gate``, cluster: ``qmgrd.daemon.destgate``)
 a delivery starts only once the gate admits it, and the gate hears its outcome first.
-The outcome is recorded
+The content of a small message is read once for all its deliveries in flight
+(``qmgrd.daemon.sharedread``). The outcome is recorded
 (``qmgrd.daemon.outcomes``) and only then does the scheduler hear of the
 entry: exactly once, whatever fails in between, so a message can never hang
 in core waiting for an entry nobody will complete.
@@ -38,6 +39,7 @@ from qmgrd.core.entry import Entry
 from qmgrd.core.message import ResolvedRecipient
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.outcomes import Recorder
+from qmgrd.daemon.sharedread import SharedReads
 from qmgrd.daemon.table import active_of, record_of
 from qmgrd.delivery.agent import (
     Agent,
@@ -48,7 +50,6 @@ from qmgrd.delivery.agent import (
     RecipientResult,
 )
 from qmgrd.errors import InvariantError
-from qmgrd.spool import QueueFileContent
 
 __all__ = [
     "CRASH_DSN", "CRASH_REASON", "NO_TRANSPORT_REASON", "Dispatcher", "close_agents", "complete"
@@ -67,6 +68,7 @@ class Dispatcher:
         """``recorder`` makes each delivery's outcome durable and logs it."""
         self.ctx = ctx
         self.recorder = recorder
+        self.reads = SharedReads(ctx.io.submit)  # one content read per small message
 
     def drain(self, now: float) -> None:
         """Start a delivery for every entry the scheduler selects now."""
@@ -99,16 +101,21 @@ class Dispatcher:
         ctx = self.ctx
         msg = active_of(entry.message)
         qf = msg.qf
+        # --- cluster (qmgrd.daemon.destgate): shared leases, dead verdicts and rates ---
+        gate = ctx.gate if ctx.gate is not None and ctx.gate.active else None
+        lease = await gate.before(entry) if gate is not None else None
+        if gate is not None and lease is None:
+            return  # not started: the gate put the entry back or had the core defer it
+        # --- end cluster ---
         recipients = tuple(_agent_recipient(r) for r in entry.recipients)
+        content = self.reads.content(msg)  # released when the agent is done with it
         request = DeliveryRequest(
             queue_id=msg.queue_id,
             transport=entry.transport,
             nexthop=entry.nexthop,
             sender=qf.sender,
             recipients=recipients,
-            content=QueueFileContent(
-                msg.path, qf.content_offset, qf.content_size, run=ctx.io.submit, data=msg.content
-            ),
+            content=content,
             smtputf8=qf.smtputf8,
             body_8bitmime=qf.body == "8BITMIME",
             envid=qf.envid,
@@ -116,12 +123,6 @@ class Dispatcher:
             cache_load=entry.cache_load,
             cache_store=entry.cache_store,
         )
-        # --- cluster (qmgrd.daemon.destgate): shared leases, dead verdicts and rates ---
-        gate = ctx.gate if ctx.gate is not None and ctx.gate.active else None
-        lease = await gate.before(entry) if gate is not None else None
-        if gate is not None and lease is None:
-            return  # not started: the gate put the entry back or had the core defer it
-        # --- end cluster ---
         crashed = False
         try:
             result = await agent.deliver(request)
@@ -144,6 +145,8 @@ class Dispatcher:
                     for r in recipients
                 )
             )
+        finally:
+            self.reads.release(msg, content)
         result = complete(result, recipients)
         if gate is not None and lease is not None and await gate.after(
             entry, lease, result, crashed

@@ -3,7 +3,8 @@
 Two kinds of series (docs/operations.md lists every one and how to read it):
 
 - **Events**, counted as they happen: the engine calls
-  :meth:`Metrics.record_delivery` once per recipient outcome and
+  :meth:`Metrics.record_delivery` for the recipient outcomes of a delivery (one call per
+  status and DSN code, ``count`` recipients) and
   :meth:`Metrics.record_attempt` once per delivery request handed to an
   agent. Counters and histograms live in a private ``CollectorRegistry``
   (never prometheus_client's global one: no module state, and several
@@ -95,6 +96,9 @@ DELAY_BUCKETS = (
 ATTEMPT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 _DSN = re.compile(r"([245])\.(\d{1,3})\.\d{1,3}")
+# (transport, status) pairs whose labelled series ``record_delivery`` keeps at hand (a label
+# lookup costs more than the increment); past this many the memo starts over.
+_CHILDREN_LIMIT = 1024
 
 
 def reason_class(dsn: str) -> str:
@@ -159,24 +163,41 @@ class Metrics:
             buckets=ATTEMPT_BUCKETS,
             registry=self.registry,
         )
+        # (transport, status) -> the deliveries counter's and delay histogram's labelled series
+        self._outcome_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self.intake: IntakeObserver = IntakeMetrics(self.registry)
         self._state = _StateCollector(self)
         self.registry.register(self._state)
 
     # ------------------------------------------------------------------ events
 
-    def record_delivery(self, transport: str, status: str, dsn: str, seconds: float) -> None:
-        """One recipient outcome; ``seconds`` = arrival to outcome (the log's ``delay=``)."""
-        if status not in STATUSES:
-            raise InvariantError(f"record_delivery: unknown status {status!r}")
-        if not transport:
-            raise InvariantError(f"record_delivery: empty transport label ({status})")
-        self.deliveries.labels(transport, status).inc()
+    def record_delivery(
+        self, transport: str, status: str, dsn: str, seconds: float, count: int = 1
+    ) -> None:
+        """``count`` recipient outcomes of one delivery (one status, one DSN code);
+        ``seconds`` = arrival to outcome (the log's ``delay=``), observed once per recipient."""
+        children = self._outcome_children.get((transport, status))
+        if children is None:
+            if status not in STATUSES:
+                raise InvariantError(f"record_delivery: unknown status {status!r}")
+            if not transport:
+                raise InvariantError(f"record_delivery: empty transport label ({status})")
+            if len(self._outcome_children) >= _CHILDREN_LIMIT:
+                self._outcome_children.clear()
+            children = (
+                self.deliveries.labels(transport, status),
+                self.delay.labels(transport, status),
+            )
+            self._outcome_children[(transport, status)] = children
+        counter, delay = children
+        counter.inc(count)
         if status == "deferred":
-            self.deferrals.labels(transport, reason_class(dsn)).inc()
+            self.deferrals.labels(transport, reason_class(dsn)).inc(count)
         elif status == "bounced":
-            self.bounces.labels(transport, reason_class(dsn)).inc()
-        self.delay.labels(transport, status).observe(max(seconds, 0.0))
+            self.bounces.labels(transport, reason_class(dsn)).inc(count)
+        value = max(seconds, 0.0)
+        for _ in range(count):
+            delay.observe(value)
 
     def record_attempt(self, transport: str, seconds: float) -> None:
         """One delivery request handed to an agent took ``seconds``."""

@@ -145,35 +145,44 @@ class Recorder:
     ) -> None:
         """One log line per recipient outcome, the counters and the metrics."""
         ctx = self.ctx
-        delay = fmt_delay(now - msg.qf.arrival_time)
+        since_arrival = now - msg.qf.arrival_time
+        delay = fmt_delay(since_arrival)
         text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
-        metrics = ctx.metrics
-        if metrics is not None:
-            metrics.record_attempt(entry.transport, now - started)
-            for r in result.recipients:
-                metrics.record_delivery(
-                    entry.transport, r.outcome.value, r.dsn, now - msg.qf.arrival_time
-                )
+        transport = entry.transport
+        queue_id = msg.queue_id
+        info = ctx.smtp_log.info
+        # (status, dsn) -> recipients: the counters and metrics take a delivery's outcomes
+        # in one call per kind (most deliveries have one: every recipient sent, 2.0.0)
+        kinds: dict[tuple[str, str], int] = {}
         for r in result.recipients:
             status = r.outcome.value
-            if r.outcome is Outcome.SENT:
-                ctx.stats.recipients_sent += 1
-            elif r.outcome is Outcome.BOUNCED:
-                ctx.stats.recipients_bounced += 1
-            else:
-                ctx.stats.recipients_deferred += 1
-            ctx.smtp_log.info(
+            kind = (status, r.dsn)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            info(
                 status,
-                queue_id=msg.queue_id,
+                queue_id=queue_id,
                 to=f"<{r.recipient.address}>",
                 relay=r.relay,
-                transport=entry.transport,
+                transport=transport,
                 delay=delay,
                 delays=text,
                 dsn=r.dsn,
                 status=status,
                 reply=r.reply,
             )
+        stats = ctx.stats
+        for (status, _dsn), count in kinds.items():
+            if status == "sent":
+                stats.recipients_sent += count
+            elif status == "bounced":
+                stats.recipients_bounced += count
+            else:
+                stats.recipients_deferred += count
+        metrics = ctx.metrics
+        if metrics is not None:
+            metrics.record_attempt(transport, now - started)
+            for (status, dsn), count in kinds.items():
+                metrics.record_delivery(transport, status, dsn, since_arrival, count)
 
 
 def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
@@ -192,7 +201,8 @@ def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
 
 def fmt_delay(seconds: float) -> str:
     """Postfix's delay formatting: two significant decimals, no trailing zeros."""
-    seconds = max(0.0, seconds)
+    if not seconds >= 0.005:  # rounds to 0.00 (most set-up and transmission times of a reuse)
+        return "0"
     if seconds >= 10:
         return f"{seconds:.0f}"
     if seconds >= 0.1:

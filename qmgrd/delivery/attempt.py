@@ -8,7 +8,7 @@ policy (smtp_trouble.c):
   recipient now; a soft one keeps it pending for the next server, remembering
   the failure;
 - ``fail_pending(failure)``: the same for every pending recipient;
-- ``sent(idx, response, relay)``: the recipient is done;
+- ``sent(indexes, response, relay)``: the recipients are done (one reply for them all);
 - ``finish()``: defers what is left with its last failure and sets the hop
   status (a destination failure, negative feedback) when a recipient ends
   deferred by a site-level failure and no session of this attempt completed a
@@ -19,6 +19,7 @@ policy (smtp_trouble.c):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from qmgrd.delivery.agent import (
@@ -73,17 +74,15 @@ class Attempt:
         for idx in list(self.pending):
             self.fail(idx, failure, final=final)
 
-    def sent(self, idx: int, response: Reply, relay: str) -> None:
-        """Record a delivered recipient."""
-        rcpt = self.pending.pop(idx)
-        self.results[idx] = RecipientResult(
-            rcpt,
-            Outcome.SENT,
-            reply_dsn(response.code, response.message),
-            reply_text(response),
-            relay,
-        )
-        self.last.pop(idx, None)
+    def sent(self, indexes: Iterable[int], response: Reply, relay: str) -> None:
+        """Record delivered recipients: one end-of-data reply for all of them (its DSN code
+        and text are worked out once)."""
+        dsn = reply_dsn(response.code, response.message)
+        text = reply_text(response)
+        pending, results, last = self.pending, self.results, self.last
+        for idx in indexes:
+            results[idx] = RecipientResult(pending.pop(idx), Outcome.SENT, dsn, text, relay)
+            last.pop(idx, None)
 
     def finish(self) -> DeliveryResult:
         """Defer what is left and build the result, with a hop status if one is due."""

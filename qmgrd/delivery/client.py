@@ -5,11 +5,12 @@ socket, a task or a clock; ``qmgrd.delivery.connection`` feeds the bytes that
 arrive and writes the bytes asked for.
 
 ``ReplyParser`` (RFC 5321 §4.2): ``feed(data)`` then ``next_reply()`` until
-None. A reply is lines ``ddd-text`` ending with a line ``ddd text`` (or
-``ddd``); a line ends at LF (a CR before it is dropped). The reply's code is
-its last line's; the text is the lines' text joined by "\\n", decoded as
-UTF-8 with ``surrogateescape``. Bounds, so that a hostile server cannot make
-the client grow or hang (the caller's timeouts bound the time):
+None, or ``replies(append)`` for all complete replies at once. A reply is
+lines ``ddd-text`` ending with a line ``ddd text`` (or ``ddd``); a line ends
+at LF (a CR before it is dropped). The reply's code is its last line's; the
+text is the lines' text joined by "\\n", decoded as UTF-8 with
+``surrogateescape``. Bounds, so that a hostile server cannot make the client
+grow or hang (the caller's timeouts bound the time):
 
 - a line longer than ``line_limit`` bytes (with or without its LF) is a
   ``ReplyError`` as soon as it is seen: the buffer never holds more than one
@@ -40,6 +41,7 @@ Postfix's smtp_proto.c does) and RSETs before the session is used again.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qmgrd.errors import InvariantError
@@ -96,21 +98,34 @@ class ReplyParser:
 
     def next_reply(self) -> Reply | None:
         """The next complete reply, None when more bytes are needed; ReplyError if broken."""
+        out: list[Reply] = []
+        self._parse(out.append, 1)
+        return out[0] if out else None
+
+    def replies(self, append: Callable[[Reply], None]) -> None:
+        """Every complete reply, in order, to ``append``; ReplyError (after the replies
+        before it) if broken. One call per read: a pipelined group's replies arrive together."""
+        self._parse(append, 0)
+
+    def _parse(self, append: Callable[[Reply], None], limit: int) -> None:
+        """Complete replies to ``append``, at most ``limit`` of them (0: all)."""
         if self._error is not None:
             raise self._error
         buf = self._buf
         start = 0
+        count = 0
+        line_limit = self.line_limit
         try:
             while True:
                 end = buf.find(b"\n", start)
                 if end < 0:
-                    if len(buf) - start > self.line_limit:
-                        raise ReplyError(f"reply line longer than {self.line_limit} bytes")
-                    return None
+                    if len(buf) - start > line_limit:
+                        raise ReplyError(f"reply line longer than {line_limit} bytes")
+                    return
                 line = buf[start:end]
                 start = end + 1
-                if len(line) > self.line_limit:
-                    raise ReplyError(f"reply line longer than {self.line_limit} bytes")
+                if len(line) > line_limit:
+                    raise ReplyError(f"reply line longer than {line_limit} bytes")
                 if line.endswith(b"\r"):
                     line = line[:-1]
                 sep = line[3:4]
@@ -127,7 +142,10 @@ class ReplyParser:
                     text = b"\n".join([part[4:] for part in lines])
                 else:  # most replies are one line
                     text = line[4:]
-                return Reply(int(line[:3]), text.decode("utf-8", "surrogateescape"))
+                append(Reply(int(line[:3]), text.decode("utf-8", "surrogateescape")))
+                count += 1
+                if count == limit:
+                    return
         except ReplyError as exc:
             self._error = exc
             self._lines.clear()

@@ -47,12 +47,16 @@ class Connection(asyncio.Protocol):
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._flow = WriteFlow()  # the transport's write pause
+        # The transport's loop, looked up once: on Python 3.11 every get_running_loop is a
+        # getpid system call, and a delivery waits for replies twice.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
         self.transport = cast(asyncio.Transport, transport)
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if self.error is not None:
@@ -60,8 +64,7 @@ class Connection(asyncio.Protocol):
         parser = self.parser
         parser.feed(data)
         try:
-            while (reply := parser.next_reply()) is not None:
-                self.replies.append(reply)
+            parser.replies(self.replies.append)
         except ReplyError as exc:
             self.error = exc
             if self.transport is not None:
@@ -110,7 +113,7 @@ class Connection(asyncio.Protocol):
         if not replies:
             if self.error is not None:
                 raise self.error
-            loop = asyncio.get_running_loop()
+            loop = self._loop or asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
             timer = loop.call_later(timeout, self._expire, waiter)
             try:

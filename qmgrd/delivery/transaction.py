@@ -74,11 +74,13 @@ def wire_address(address: str, smtputf8: bool) -> bytes | str:
     raw = address.encode("utf-8", "surrogateescape")
     if _CONTROL.search(raw):
         return "it contains a control character"
+    if raw.isascii():  # most addresses: valid UTF-8 and 7-bit
+        return raw
     try:
         raw.decode("utf-8")
     except UnicodeDecodeError:
         return "it is not valid UTF-8"
-    if not smtputf8 and not raw.isascii():
+    if not smtputf8:
         return "it has 8-bit characters but the message was not received with SMTPUTF8"
     return raw
 
@@ -241,8 +243,7 @@ class Transaction:
             raise Lost(said(response, "end of DATA"))
         att.completed = True
         if response.code // 100 == 2:
-            for idx in accepted:
-                att.sent(idx, response, relay)
+            att.sent(accepted, response, relay)
             return True
         for idx in accepted:
             att.fail(idx, said(response, "end of DATA"))

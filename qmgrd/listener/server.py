@@ -254,6 +254,7 @@ class ListenerHandle:
             self.ctx.observer.session_ended()
             self.sessions.discard(session)
             self.ctx.counters.disconnect(addr)
+            self.acceptor.room()  # a client waiting out a hold takes the place
 
     # -- stopping -----------------------------------------------------------------------
 

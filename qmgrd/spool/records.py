@@ -92,6 +92,7 @@ _ATTR_NAMES = (
 )
 
 _READ_CHUNK = 65536
+_MARK_SPAN = 65536  # bytes of recipient records ``mark_done`` checks with one read
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -566,7 +567,11 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
     """Overwrite each recipient's type byte R → D: one open, one fsync.
 
     An offset that does not hold an R or D is a bug in the caller
-    (InvariantError); marking a done recipient again is harmless.
+    (InvariantError); marking a done recipient again is harmless. The type
+    bytes are checked with one read per ``_MARK_SPAN`` bytes of file that the
+    offsets span (a delivery's recipients are near each other), and only the
+    type bytes are written: other recipients' marks, written at the same time
+    by another delivery of the message, are never overwritten.
     """
     try:
         fd = open_regular(path, os.O_RDWR)
@@ -575,12 +580,21 @@ def mark_done(path: Path, offsets: Iterable[int], *, fsync: bool = True) -> None
             f"{path}: cannot open queue file for update: {exc.strerror}"
         ) from exc
     try:
-        for offset in offsets:
-            current = os.pread(fd, 1, offset)
-            if current == b"R":
-                os.pwrite(fd, b"D", offset)
-            elif current != b"D":
-                raise InvariantError(f"{path}: offset {offset} is not a recipient record")
+        todo = sorted(offsets)
+        i = 0
+        while i < len(todo):
+            base = todo[i]
+            j = i
+            while j + 1 < len(todo) and todo[j + 1] - base < _MARK_SPAN:
+                j += 1
+            window = os.pread(fd, todo[j] - base + 1, base)
+            for offset in todo[i : j + 1]:
+                current = window[offset - base : offset - base + 1]
+                if current == b"R":
+                    os.pwrite(fd, b"D", offset)
+                elif current != b"D":
+                    raise InvariantError(f"{path}: offset {offset} is not a recipient record")
+            i = j + 1
         if fsync:
             os.fsync(fd)
     except OSError as exc:

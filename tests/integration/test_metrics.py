@@ -123,6 +123,30 @@ async def test_delivery_counters_and_histograms(
     assert _value(attempt, "qmgrd_delivery_attempt_seconds_count", transport="smtp") == 1
 
 
+async def test_one_call_counts_a_delivery_of_several_recipients(
+    served: tuple[Metrics, MetricsServer],
+) -> None:
+    """``count``: a delivery's recipients of one status and DSN in one call, each observed."""
+    metrics, server = served
+    metrics.record_delivery("smtp", "sent", "2.0.0", 0.3, 10)
+    metrics.record_delivery("smtp", "deferred", "4.4.1", 60.0, 3)
+    metrics.record_delivery("smtp", "bounced", "5.1.1", 2.0, 2)
+    metrics.record_delivery("smtp", "sent", "2.0.0", 7.0)  # the same series, kept at hand
+    families = await _scrape(server.port)
+    deliveries = families["qmgrd_deliveries"]
+    assert _value(deliveries, "qmgrd_deliveries_total", transport="smtp", status="sent") == 11
+    assert _value(deliveries, "qmgrd_deliveries_total", transport="smtp", status="deferred") == 3
+    deferrals = families["qmgrd_deferrals"]
+    assert _value(deferrals, "qmgrd_deferrals_total", transport="smtp", reason_class="4.4.x") == 3
+    bounces = families["qmgrd_bounces"]
+    assert _value(bounces, "qmgrd_bounces_total", transport="smtp", reason_class="5.1.x") == 2
+    delay = families["qmgrd_delivery_delay_seconds"]
+    sent = {"transport": "smtp", "status": "sent"}
+    assert _value(delay, "qmgrd_delivery_delay_seconds_count", **sent) == 11
+    assert _value(delay, "qmgrd_delivery_delay_seconds_sum", **sent) == pytest.approx(10.0)
+    assert _value(delay, "qmgrd_delivery_delay_seconds_bucket", le="0.5", **sent) == 10
+
+
 async def test_state_gauges_from_the_engine_snapshot() -> None:
     """Uptime, core sizes, transport and destination gauges come from status_fn at scrape time."""
     snapshot = _status(

@@ -73,3 +73,22 @@ def test_the_floor_relays_relay_every_recipient_of_every_destination() -> None:
     runs = [line for line in proc.stdout.splitlines() if line.startswith("1k10r10d ")]
     assert [run.split()[2] for run in runs] == ["floor", "floor-mem"], proc.stdout
     assert all("problems=0" in run for run in runs), proc.stdout
+
+
+@pytest.mark.skipif(not _have("smtp-sink"), reason="smtp-sink missing")
+def test_qmgr_drain_bench_drains_and_prints_the_queue_managers_cpu() -> None:
+    """bench/qmgr_drain.py: 30 ten-recipient messages over ten sinks, drained; a line per run
+    and a median line."""
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(REPO / "bench" / "qmgr_drain.py")),
+            *("--shape", "1k10r10d", "-n", "30", "--rounds", "1", "--timeout", "60"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"round=1 +\d+ msg/s  qmgr cpu [\d.]+ ms/msg", proc.stdout), proc.stdout
+    assert re.search(r"median \d+ msg/s .*qmgr cpu [\d.]+ ms/msg", proc.stdout), proc.stdout

@@ -127,6 +127,35 @@ def test_any_split_gives_the_same_replies(
     assert _parse(*chunks) == expected
 
 
+@given(_REPLIES, st.lists(st.integers(min_value=0, max_value=1000), max_size=10))
+def test_all_replies_at_once_equal_one_at_a_time(
+    replies: list[tuple[int, list[str]]], cuts: list[int]
+) -> None:
+    """``replies(append)`` (one call per read) gives what ``next_reply`` gives, in order."""
+    data = _render(replies, b"\r\n")
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    parser = ReplyParser()
+    out: list[Reply] = []
+    for chunk in chunks:
+        parser.feed(chunk)
+        parser.replies(out.append)
+    assert out == _parse(*chunks)
+
+
+def test_all_replies_at_once_hand_out_those_before_a_broken_one() -> None:
+    """The replies before a broken line are handed out, then the error, then it again."""
+    parser = ReplyParser()
+    parser.feed(b"250 2.1.0 Ok\r\n250 2.1.5 Ok\r\nNOT SMTP\r\n354 go\r\n")
+    out: list[Reply] = []
+    with pytest.raises(ReplyError, match="malformed"):
+        parser.replies(out.append)
+    assert out == [Reply(250, "2.1.0 Ok"), Reply(250, "2.1.5 Ok")]
+    with pytest.raises(ReplyError, match="malformed"):
+        parser.replies(out.append)
+    assert len(out) == 2
+
+
 @given(st.lists(st.binary(max_size=3000), max_size=20))
 def test_hostile_bytes_never_grow_the_buffer(chunks: list[bytes]) -> None:
     """Whatever a server sends, the parser yields replies or fails; its buffer stays bounded."""

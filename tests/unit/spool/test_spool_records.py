@@ -127,6 +127,27 @@ def test_mark_done_rejects_offsets_that_are_not_recipients(spool: Spool) -> None
     assert qf.path.read_bytes() == before
 
 
+def test_mark_done_over_a_span_larger_than_one_read(spool: Spool) -> None:
+    """Offsets spread over more than one read's span are all checked and marked; a bad one
+    among them is still refused, and nothing but type bytes is ever written."""
+    long = "x" * 400
+    env = Envelope("s@x", tuple(RecipientSpec(f"r{i}.{long}@x") for i in range(400)), 1.0)
+    qf = spool.open("incoming", spool.commit(env, b"body\r\n"))
+    records = qf.read_all_recipients()
+    assert records[-1].offset - records[0].offset > 65536
+    marked = [r.offset for r in records[::3]]
+    before = qf.path.read_bytes()
+    mark_done(qf.path, reversed(marked))
+    after = qf.path.read_bytes()
+    changed = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b]
+    assert changed == marked
+    qf = spool.open("incoming", qf.queue_id)
+    left = [r.offset for r in qf.read_all_recipients()]  # the recipients not done
+    assert left == [r.offset for r in records if r.offset not in marked]
+    with pytest.raises(InvariantError):
+        mark_done(qf.path, [records[1].offset, records[1].offset + 1])
+
+
 def test_warn_time_rewritten_in_place(spool: Spool) -> None:
     """The W record can be rewritten (to WARNED) without touching anything else."""
     env = Envelope("s@x", (RecipientSpec("a@x"),), 1.0, warn_time=1234)
