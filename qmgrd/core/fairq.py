@@ -265,8 +265,15 @@ class FairSet:
             self.waiting.append(queue.waiting_link)
             self._recount(queue)
         if queue.exhausted_tag:
-            queue.exhausted_tag = 0  # a new job may deliver: walk from it (nqmgr: current_passed)
-            queue.current = fj
+            tag = fj.job.transport.blocker_tag
+            if queue.exhausted_tag == tag:
+                # Every job before it was walked at this tag and found nothing: walk from the
+                # new job (nqmgr: current_passed). A mark from an older tag says nothing about
+                # the jobs before it; moving the cursor past them would strand them (a
+                # rate-delayed job's queue resumes without a blocker mark at this tag, so
+                # nothing would walk back to it).
+                queue.current, queue.cursor_tag = fj, tag
+            queue.exhausted_tag = 0
         self._changed(queue)
 
     def job_unlinked(self, fj: FairJob) -> None:

@@ -280,6 +280,38 @@ def test_random_workloads_keep_invariants_with_fairness(work: Work, keys: list[i
     check_workload((sp, fair, messages, script), lambda i: flows[keys[i % len(keys)]])
 
 
+def test_new_job_after_a_stale_exhausted_mark_does_not_strand_earlier_jobs() -> None:
+    """Found by hypothesis: a fair queue exhausted at an older blocker tag gets a new job; the
+    cursor must not jump past a job not walked at this tag (its destination was rate-delayed
+    and resumes without a blocker mark), or that message never leaves the active queue."""
+    one = TransportParams(
+        process_limit=1,
+        destination_concurrency_limit=1,
+        initial_destination_concurrency=1,
+        destination_recipient_limit=1,
+        recipient_limit=1,
+        extra_recipient_limit=0,
+        recipient_refill_limit=1,
+        fairness=True,
+        fairness_queue_count=3,
+        fairness_hand_size=2,
+    )
+    sp = SchedulerParams(
+        qmgr_message_active_limit=2,
+        qmgr_message_recipient_limit=1,
+        qmgr_message_recipient_minimum=4,
+        minimal_backoff_time=10.0,
+        transport_retry_time=5.0,
+    )
+    tps = {"smtp": one, "local": dataclasses.replace(one, destination_rate_delay=3.0)}
+    messages = [
+        [("local", "a"), ("local", "a")],
+        [("local", "a")],
+        [("smtp", "a"), ("smtp", "a"), ("smtp", "a"), ("local", "b"), ("smtp", "a")],
+    ]
+    check_workload((sp, tps, messages, [0] * 10))  # ends with every message done
+
+
 def test_reload_turns_fairness_on_and_off_with_jobs_in_core() -> None:
     """update_params moves linked jobs into a new fair set and back out; deliveries go on."""
     sim = Sim({"smtp": TransportParams(process_limit=2)})
