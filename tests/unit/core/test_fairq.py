@@ -15,7 +15,7 @@ from qmgrd.core.fairq import FairJob, FairSet, deal_hand
 from qmgrd.core.flow import FLOW_NONE, Flow
 from qmgrd.errors import InvariantError
 from tests.unit.core.schedsim import Sim, digits
-from tests.unit.core.test_scheduler_properties import Work, check_workload, workloads
+from tests.unit.core.test_scheduler_properties import Work, _tight, check_workload, workloads
 
 A, B, H = Flow("sender_domain:a.test"), Flow("sender_domain:b.test"), Flow("tenant:h", 2.0, "h")
 
@@ -284,18 +284,7 @@ def test_new_job_after_a_stale_exhausted_mark_does_not_strand_earlier_jobs() -> 
     """Found by hypothesis: a fair queue exhausted at an older blocker tag gets a new job; the
     cursor must not jump past a job not walked at this tag (its destination was rate-delayed
     and resumes without a blocker mark), or that message never leaves the active queue."""
-    one = TransportParams(
-        process_limit=1,
-        destination_concurrency_limit=1,
-        initial_destination_concurrency=1,
-        destination_recipient_limit=1,
-        recipient_limit=1,
-        extra_recipient_limit=0,
-        recipient_refill_limit=1,
-        fairness=True,
-        fairness_queue_count=3,
-        fairness_hand_size=2,
-    )
+    one = dataclasses.replace(_tight(), fairness=True, fairness_queue_count=3, fairness_hand_size=2)
     sp = SchedulerParams(
         qmgr_message_active_limit=2,
         qmgr_message_recipient_limit=1,
