@@ -5,10 +5,12 @@ for the lines the standard benchmark's messages produce (smtpd connect,
 cleanup message-id, smtpd queued, smtpd disconnect, qmgr queued, smtp
 status=sent, qmgr removed), rendered in the Postfix format with the syslog
 prefix and written line by line to a temporary file, as the daemon does.
-Never asserts anything.
+Each logger is used twice: through structlog (``get_logger(c).info``) and
+through the direct path (``qmgrd.log.lines.LineLog``), which must write the
+same bytes. Never asserts anything.
 
-    .venv/bin/python bench/loglines.py            # 20000 messages
-    .venv/bin/python bench/loglines.py -n 50000
+    .venv/bin/python bench/loglines.py            # 20000 messages, both paths
+    .venv/bin/python bench/loglines.py -n 50000 --path lines
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from qmgrd.log import configure_logging, get_logger  # noqa: E402
+from qmgrd.log.lines import LineLog  # noqa: E402
 from qmgrd.log.session import CommandCounts  # noqa: E402
 
 LINES_PER_MESSAGE = 7
@@ -73,22 +76,30 @@ def main() -> int:
     """Configure logging into a temporary file, write the lines, print the cost."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-n", type=int, default=20000, help="messages")
+    parser.add_argument(
+        "--path", choices=("structlog", "lines", "both"), default="both", help="which log path"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:
-        output = configure_logging("postfix", maillog_file=Path(tmp) / "maillog")
-        smtpd, cleanup, qmgr, smtp = (get_logger(c) for c in ("smtpd", "cleanup", "qmgr", "smtp"))
-        for n in range(200):  # warm up
-            one_message(smtpd, cleanup, qmgr, smtp, n)
-        t0 = time.process_time()
-        for n in range(args.n):
-            one_message(smtpd, cleanup, qmgr, smtp, n)
-        cpu = time.process_time() - t0
-        output.close()
-        lines = args.n * LINES_PER_MESSAGE
-        print(
-            f"messages={args.n} lines={lines} cpu={cpu:.2f}s "
-            f"us/line={cpu * 1e6 / lines:.1f} us/message={cpu * 1e6 / args.n:.1f}"
-        )
+    paths = ("structlog", "lines") if args.path == "both" else (args.path,)
+    for path in paths:
+        with tempfile.TemporaryDirectory(prefix="bench-log-") as tmp:
+            output = configure_logging("postfix", maillog_file=Path(tmp) / "maillog")
+            loggers = [get_logger(c) for c in ("smtpd", "cleanup", "qmgr", "smtp")]
+            if path == "lines":
+                loggers = [LineLog(log) for log in loggers]
+            smtpd, cleanup, qmgr, smtp = loggers
+            for n in range(200):  # warm up
+                one_message(smtpd, cleanup, qmgr, smtp, n)
+            t0 = time.process_time()
+            for n in range(args.n):
+                one_message(smtpd, cleanup, qmgr, smtp, n)
+            cpu = time.process_time() - t0
+            output.close()
+            lines = args.n * LINES_PER_MESSAGE
+            print(
+                f"path={path} messages={args.n} lines={lines} cpu={cpu:.2f}s "
+                f"us/line={cpu * 1e6 / lines:.1f} us/message={cpu * 1e6 / args.n:.1f}"
+            )
     return 0
 
 

@@ -172,12 +172,23 @@ class LogOutput:
             if self.log_format == "json"
             else postfix_message(event_dict)
         )
-        component = event_dict.get("component")
+        return self.finish(
+            text,
+            event_dict.get("component"),
+            str(event_dict.get("level", method)),
+            event_dict.get("queue_id"),
+            now,
+        )
+
+    def finish(
+        self, text: str, component: object, level: str, queue_id: object, now: float
+    ) -> str | tuple[tuple[str], dict[str, Any]]:
+        """What ``render`` returns for the rendered ``text``: the line (prefixed in a file), or
+        the message and the journal/syslog fields. :mod:`qmgrd.log.lines` shares it."""
         if self._sink is not None:
-            queue_id = event_dict.get("queue_id")
             meta = {
                 "identifier": self.identifier(component),
-                "priority": priority_of(str(event_dict.get("level", method))),
+                "priority": priority_of(level),
                 "queue_id": escape(queue_id) if queue_id is not None else None,
             }
             return (text,), meta

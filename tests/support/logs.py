@@ -77,3 +77,18 @@ def watch_logs() -> Iterator[LogWatch]:
         processors.clear()
         processors.extend(saved)
         structlog.configure(processors=processors)
+
+
+@contextmanager
+def saved_structlog() -> Iterator[None]:
+    """Put structlog's configuration back afterwards (closing a ``LogOutput`` left in it)."""
+    from qmgrd.log import LogOutput
+
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        output = structlog.get_config().get("logger_factory")
+        if isinstance(output, LogOutput):
+            output.close()
+        structlog.configure(**saved)

@@ -1,0 +1,279 @@
+"""The direct log path (``qmgrd.log.lines.LineLog``) writes what structlog's path writes.
+
+The rendered bytes are the subject here, so these tests compare text: each event is
+logged once through ``get_logger(...).info`` and once through ``LineLog.info`` to the
+same kind of output, in both formats and to every destination, and the two must match.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qmgrd.log import LogFormat, configure_logging, get_logger
+from qmgrd.log import lines as lines_module
+from qmgrd.log.lines import LineLog
+from qmgrd.log.session import CommandCounts
+from tests.support.logs import saved_structlog, watch_logs
+
+T0 = 1709647629.25
+DESTINATIONS = ("file", "stream", "journal", "syslog")
+
+
+@pytest.fixture(autouse=True)
+def restore_structlog() -> Iterator[None]:
+    """Each test configures logging globally; put the previous configuration back."""
+    with saved_structlog():
+        yield
+
+
+def _sent_fields(**extra: Any) -> dict[str, Any]:
+    """The queue manager's status=sent fields, in its call order."""
+    fields: dict[str, Any] = {
+        "queue_id": "4F9D3C2A1B0E7D6",
+        "to": "<a@example.com>",
+        "relay": "mx.example.com[192.0.2.1]:25",
+        "transport": "smtp",
+        "delay": "0.06",
+        "delays": "0.01/0/0.02/0.03",
+        "dsn": "2.0.0",
+        "status": "sent",
+        "reply": "250 2.0.0 Ok: queued as X",
+    }
+    fields.update(extra)
+    return fields
+
+
+class Target:
+    """One configured output and a way to read what the last line wrote to it."""
+
+    def __init__(self, tmp: Path, log_format: LogFormat, destination: str) -> None:
+        self.destination = destination
+        self.stream = io.StringIO()
+        self.sock: socket.socket | None = None
+        self.path = tmp / "maillog"
+        self.path.unlink(missing_ok=True)
+        kwargs: dict[str, Any] = {"clock": lambda: T0, "hostname": "mx"}
+        if destination == "file":
+            kwargs["maillog_file"] = self.path
+        elif destination in ("journal", "syslog"):
+            sock_path = tmp / f"{destination}.sock"
+            sock_path.unlink(missing_ok=True)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.sock.bind(str(sock_path))
+            self.sock.settimeout(5)
+            kwargs["destination"] = destination
+            kwargs[f"{destination}_socket"] = str(sock_path)
+        configure_logging(log_format, self.stream, **kwargs)
+        self._seen = 0
+
+    def take(self) -> bytes:
+        """What arrived since the last call (a syslog line without its time stamp)."""
+        if self.sock is not None:
+            data = self.sock.recv(1 << 20)
+            if self.destination == "syslog":  # the sink stamps with the wall clock
+                data = re.sub(rb"^(<\d+>)\w{3} [ \d]\d \d\d:\d\d:\d\d ", rb"\1", data)
+            return data
+        if self.destination == "file":
+            raw = self.path.read_bytes()
+        else:
+            raw = self.stream.getvalue().encode()
+        out, self._seen = raw[self._seen :], len(raw)
+        return out
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+def _both(target: Target, component: str, event: str, fields: dict[str, Any]) -> None:
+    """Log through both paths; assert the same bytes arrived, and that something did."""
+    log = get_logger(component)
+    log.info(event, **fields)
+    expected = target.take()
+    LineLog(log).info(event, **fields)
+    assert target.take() == expected
+    assert expected
+
+
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+VALUES = st.one_of(st.none(), TEXT, st.integers(-5, 10**6), st.sampled_from(["sent", "<a@b>"]))
+KEYS = st.sampled_from(
+    [
+        "queue_id",
+        "to",
+        "orig_to",
+        "relay",
+        "transport",
+        "delay",
+        "delays",
+        "dsn",
+        "status",
+        "reply",
+        "client",
+        "from_",
+        "size",
+        "nrcpt",
+        "sasl_method",
+        "message_id",
+        "conn_use",
+        "stage",
+        "code",
+        "reason",
+        "after",
+    ]
+)
+EVENTS = st.one_of(
+    st.sampled_from(["sent", "removed", "queued", "connect", "cleanup", "NOQUEUE: reject"]),
+    TEXT,
+)
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+@pytest.mark.parametrize("log_format", ["postfix", "json"])
+def test_random_events_match_the_structlog_path(
+    tmp_path: Path, log_format: LogFormat, destination: str
+) -> None:
+    """Any event and fields (values from the network included) give the same bytes."""
+    target = Target(tmp_path, log_format, destination)
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        component=st.sampled_from(["smtp", "qmgr", "smtpd"]),
+        event=EVENTS,
+        fields=st.dictionaries(KEYS, VALUES, max_size=9),
+    )
+    def check(component: str, event: str, fields: dict[str, Any]) -> None:
+        _both(target, component, event, fields)
+
+    try:
+        check()
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+@pytest.mark.parametrize("log_format", ["postfix", "json"])
+def test_the_hot_lines_match_the_structlog_path(
+    tmp_path: Path, log_format: LogFormat, destination: str
+) -> None:
+    """Each line a relayed message writes (listener and queue manager) gives the same bytes."""
+    target = Target(tmp_path, log_format, destination)
+    counts = CommandCounts()
+    for verb, ok in (("EHLO", True), ("MAIL", True), ("RCPT", False), ("QUIT", True)):
+        counts.record(verb, ok=ok)
+    qid = "4F9D3C2A1B0E7D6"
+    try:
+        _both(target, "smtpd", "connect", {"client": "unknown[127.0.0.1]"})
+        _both(
+            target,
+            "smtpd",
+            "queued",
+            {
+                "queue_id": qid,
+                "client": "unknown[127.0.0.1]",
+                "from_": "<a@src>",
+                "size": 1078,
+                "nrcpt": 1,
+                "sasl_method": None,
+                "sasl_username": None,
+            },
+        )
+        _both(target, "cleanup", "cleanup", {"queue_id": qid, "message_id": "<x@y>"})
+        _both(target, "smtpd", "disconnect", {"client": "c[1]", "commands": counts.as_field()})
+        _both(target, "qmgr", "queued", {"queue_id": qid, "from_": "<a>", "size": 9, "nrcpt": "1"})
+        for status in ("sent", "deferred", "bounced"):
+            _both(target, "smtp", status, _sent_fields(status=status))
+        _both(target, "smtp", "deferred", _sent_fields(transport=None, relay="none"))
+        _both(target, "smtp", "sent", _sent_fields(reply="250 ok\r\nX-Injected: 1"))
+        _both(target, "qmgr", "removed", {"queue_id": qid})
+    finally:
+        target.close()
+
+
+def test_the_recipient_line_has_postfix_order(tmp_path: Path) -> None:
+    """The direct path's status=sent line is Postfix's shape, transport left out."""
+    target = Target(tmp_path, "postfix", "stream")
+    LineLog(get_logger("smtp")).info("sent", **_sent_fields())
+    assert target.take() == (
+        b"4F9D3C2A1B0E7D6: to=<a@example.com>, relay=mx.example.com[192.0.2.1]:25, "
+        b"delay=0.06, delays=0.01/0/0.02/0.03, dsn=2.0.0, status=sent "
+        b"(250 2.0.0 Ok: queued as X)\n"
+    )
+
+
+def test_hot_shapes_skip_the_general_renderer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recipient, ``ID: event``, ``ID: k=v`` and connect lines never reach postfix_message."""
+    target = Target(tmp_path, "postfix", "stream")
+    calls: list[str] = []
+    real: Callable[[Any], str] = lines_module.postfix_message
+
+    def counted(event_dict: Any) -> str:
+        calls.append(str(event_dict["event"]))
+        return real(event_dict)
+
+    monkeypatch.setattr(lines_module, "postfix_message", counted)
+    lines = LineLog(get_logger("qmgr"))
+    lines.info("sent", **_sent_fields())
+    lines.info("removed", queue_id="4F1")
+    lines.info("queued", queue_id="4F1", from_="<a>", size=3, nrcpt="1 (queue active)")
+    lines.info("connect", client="unknown[127.0.0.1]")
+    assert calls == []
+    lines.info("disconnect", client="c[1]", commands={"quit": 1})
+    assert calls == ["disconnect"]
+    assert target.take().decode().splitlines()[1:] == [
+        "4F1: removed",
+        "4F1: from=<a>, size=3, nrcpt=1 (queue active)",
+        "connect from unknown[127.0.0.1]",
+        "disconnect from c[1] quit=1 commands=1",
+    ]
+
+
+def test_captured_logs_see_the_same_events(tmp_path: Path) -> None:
+    """Under watch_logs the direct path hands events to the capture, then resumes writing."""
+    target = Target(tmp_path, "postfix", "stream")
+    log = get_logger("smtp")
+    lines = LineLog(log)
+    with watch_logs() as logs:
+        lines.info("sent", **_sent_fields())
+        log.info("sent", **_sent_fields())
+    assert len(logs) == 2
+    assert logs[0] == logs[1]
+    assert logs[0]["to"] == "<a@example.com>"
+    assert target.take() == b""  # captured, not written
+    lines.info("removed", queue_id="4F1")
+    assert target.take() == b"4F1: removed\n"
+
+
+def test_a_filtered_level_writes_nothing(tmp_path: Path) -> None:
+    """With log level warning, info lines are dropped on both paths."""
+    stream = io.StringIO()
+    configure_logging("postfix", stream, level=logging.WARNING)
+    LineLog(get_logger("smtp")).info("sent", **_sent_fields())
+    LineLog(get_logger("qmgr")).info("removed", queue_id="4F1")
+    assert stream.getvalue() == ""
+
+
+def test_a_logger_that_is_not_structlog_is_delegated_to() -> None:
+    """Anything but a configured structlog logger just gets ``info`` called."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Fake:
+        def info(self, event: str, **fields: Any) -> None:
+            seen.append((event, fields))
+
+    LineLog(Fake()).info("removed", queue_id="4F1")
+    assert seen == [("removed", {"queue_id": "4F1"})]
