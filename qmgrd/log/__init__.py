@@ -9,6 +9,15 @@ expect (its module doc lists the shapes and the fields each needs)::
 
     3F9A2B: to=<a@example.com>, relay=mx[127.0.0.1]:25, ..., status=sent (250 ok)
 
+Hot lines
+---------
+:class:`qmgrd.log.lines.LineLog` wraps a logger for the lines a busy relay
+writes per message and per recipient (``status=sent``, ``removed``,
+``connect``, ``client=``, ...): ``LineLog(log).info(event, **fields)`` writes
+the same bytes as ``log.info(event, **fields)`` in both formats and to every
+destination, without structlog's pipeline and, for the fixed shapes, without
+the general renderer. Under ``capture_logs`` it hands events to structlog.
+
 Destinations
 ------------
 :func:`configure_logging` is the process's one global logging setup (the
@@ -51,11 +60,13 @@ from typing import Any, TextIO
 
 import structlog
 
+from qmgrd.log.lines import LineLog
 from qmgrd.log.output import LogFormat, LogOutput, check_syslog_name, syslog_name_problem
 from qmgrd.log.render import escape, render_json, render_postfix, syslog_prefix
 from qmgrd.log.sinks import JOURNAL_SOCKET, SYSLOG_SOCKET, Destination
 
 __all__ = [
+    "LineLog",
     "LogFormat",
     "LogOutput",
     "check_syslog_name",

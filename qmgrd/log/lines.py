@@ -133,7 +133,7 @@ def _postfix_line(event: str, fields: dict[str, Any]) -> str | None:
         return None
     if "to" in fields or "status" in fields:
         keys = fields.keys()
-        if keys == _OUTCOME_KEYS or keys == _OUTCOME_KEYS_BARE:
+        if keys in (_OUTCOME_KEYS, _OUTCOME_KEYS_BARE):
             return _outcome_line(fields)
         return _recipient_line(queue_id, fields)
     parts = []
@@ -220,7 +220,7 @@ class LineLog:
             else:
                 text = postfix_message(event_dict)
         result = output.finish(text, self._component, "info", fields.get("queue_id"), now)
-        if type(result) is str:
+        if isinstance(result, str):
             output.msg(result)
         else:
             args, meta = result
