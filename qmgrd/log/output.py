@@ -119,6 +119,7 @@ class LogOutput:
             after_in_child=lambda: _call(ref, LogOutput._forked),
         )
         self._stamp_second = -1  # the second ``_stamp`` was rendered for
+        self._prefixes: dict[str, str] = {}  # component -> syslog prefix, for that second
         self._pid = os.getpid()  # for each line's [pid]; a forked child sets its own
         self._stamp = ""
         if self.path is not None:
@@ -198,8 +199,15 @@ class LogOutput:
         if second != self._stamp_second:  # the time stamp changes once a second
             self._stamp_second = second
             self._stamp = syslog_timestamp(now)
-        name = f"{self.program}/{escape(component)}" if component else self.program
-        return f"{self._stamp} {self.hostname} {name}[{self._pid}]: {text}"
+            self._prefixes = {}
+        # The prefix of each component's lines is built once per second.
+        prefix = self._prefixes.get(component) if type(component) is str else None
+        if prefix is None:
+            name = f"{self.program}/{escape(component)}" if component else self.program
+            prefix = f"{self._stamp} {self.hostname} {name}[{self._pid}]: "
+            if type(component) is str:
+                self._prefixes[component] = prefix
+        return prefix + text
 
     def __call__(self, *_args: Any) -> LogOutput:
         """structlog's logger factory: every logger writes through this output."""
@@ -279,6 +287,7 @@ class LogOutput:
         self._pending.clear()
         self._flush_loop = None
         self._pid = os.getpid()
+        self._stamp_second = -1  # the prefixes carry the parent's pid
 
     def _write_pending(self) -> None:
         """Write the queued lines to the file (lock held)."""

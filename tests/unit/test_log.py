@@ -440,7 +440,11 @@ async def test_a_fork_writes_queued_lines_once(tmp_path: Path) -> None:
             os._exit(0)
     os.waitpid(pid, 0)
     await asyncio.sleep(0)
-    assert [line.split(": ", 1)[1] for line in path.read_text().splitlines()] == [
+    lines = path.read_text().splitlines()
+    assert [line.split(": ", 1)[1] for line in lines] == [
         "F1: removed",
         "F2: removed",
     ]
+    # Each process's lines carry its own pid (the prefix is built once a second).
+    assert f" qmgrd/qmgr[{os.getpid()}]: " in lines[0]
+    assert f" qmgrd/qmgr[{pid}]: " in lines[1]
