@@ -25,9 +25,10 @@ recipient. :meth:`LineLog.info` skips both for the shapes the busy paths log:
   plus ``transport``), built in Postfix's field order;
 - ``ID: event`` with no fields (``removed``), ``ID: k=v, k=v`` (``queued``,
   ``client=``, ``message_id=``, ...), in the caller's order, ``None`` dropped;
-- ``connect from CLIENT``;
+- ``connect from CLIENT`` and ``disconnect from CLIENT ehlo=1 ... commands=N``
+  (Postfix's own command names, counts as ``CommandCounts.as_field`` gives them);
 
-and hands anything else (``disconnect``, rejects, SASL, ...) to the structlog
+and hands anything else (rejects, SASL, ``lost connection``, ...) to the structlog
 renderer's own functions, still without structlog. Escaping is checked once
 per line: :func:`qmgrd.log.render.escape` changes a value only when it is not
 printable, and a line built from raw values is printable exactly when every
@@ -53,7 +54,7 @@ from typing import Any
 import structlog
 
 from qmgrd.log.output import LogOutput
-from qmgrd.log.render import postfix_message, render_json
+from qmgrd.log.render import POSTFIX_COMMAND_ORDER, postfix_message, render_json
 
 __all__ = ["LineLog"]
 
@@ -67,6 +68,7 @@ _RECIPIENT_FIELDS = frozenset(
     | {"reply", "transport"}
 )
 _RECIPIENT_ORDER = ("to", "orig_to", "relay", "conn_use", "delay", "delays", "dsn")
+_COMMANDS = frozenset(POSTFIX_COMMAND_ORDER)
 
 
 # The queue manager's recipient lines carry exactly these (``transport`` only in JSON).
@@ -121,13 +123,47 @@ def _recipient_line(queue_id: object, fields: dict[str, Any]) -> str | None:
     return line if line.isprintable() else None
 
 
+def _disconnect_line(client: object, counts: object) -> str | None:
+    """``disconnect from c[a] ehlo=1 ... commands=N`` when every count is Postfix's own
+    command with an int or an (ok, total) pair of ints (``CommandCounts.as_field``)."""
+    if type(counts) is not dict or not counts.keys() <= _COMMANDS:
+        return None
+    parts = [f"disconnect from {client!s}"]
+    all_ok = all_total = 0
+    for name in POSTFIX_COMMAND_ORDER:
+        if name not in counts:
+            continue
+        count = counts[name]
+        if type(count) is int:
+            ok = total = count
+        elif type(count) is tuple and len(count) == 2:
+            ok, total = count
+            if type(ok) is not int or type(total) is not int:
+                return None
+        else:
+            return None
+        if total == 0:
+            continue
+        all_ok += ok
+        all_total += total
+        parts.append(f"{name}={ok}" if ok == total else f"{name}={ok}/{total}")
+    parts.append(f"commands={all_ok}" if all_ok == all_total else f"commands={all_ok}/{all_total}")
+    line = " ".join(parts)
+    return line if line.isprintable() else None
+
+
 def _postfix_line(event: str, fields: dict[str, Any]) -> str | None:
     """The Postfix text of an info event for the direct shapes (module doc), or None."""
     queue_id = fields.get("queue_id")
     if queue_id is None:
-        if len(fields) == 1 and event == "connect" and fields.get("client") is not None:
-            line = f"connect from {fields['client']!s}"
+        client = fields.get("client")
+        if client is None:
+            return None
+        if event == "connect" and len(fields) == 1:
+            line = f"connect from {client!s}"
             return line if line.isprintable() else None
+        if event == "disconnect" and len(fields) == 2 and "commands" in fields:
+            return _disconnect_line(client, fields["commands"])
         return None
     if event == "NOQUEUE: reject":
         return None

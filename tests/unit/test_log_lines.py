@@ -105,7 +105,11 @@ def _both(target: Target, component: str, event: str, fields: dict[str, Any]) ->
     assert expected
 
 
-TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
+# Mostly printable text (the direct path), sometimes anything (the renderer's escaping).
+TEXT = st.one_of(
+    st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12),
+    st.text(st.characters(codec="utf-8"), max_size=12),
+)
 VALUES = st.one_of(st.none(), TEXT, st.integers(-5, 10**6), st.sampled_from(["sent", "<a@b>"]))
 KEYS = st.sampled_from(
     [
@@ -156,6 +160,37 @@ def test_random_events_match_the_structlog_path(
     )
     def check(component: str, event: str, fields: dict[str, Any]) -> None:
         _both(target, component, event, fields)
+
+    try:
+        check()
+    finally:
+        target.close()
+
+
+COUNT = st.one_of(
+    st.tuples(st.integers(0, 3), st.integers(0, 3)),
+    st.integers(0, 3),
+    st.booleans(),
+)
+COMMAND_NAMES = st.one_of(
+    st.sampled_from(["ehlo", "mail", "rcpt", "data", "quit"]), st.sampled_from(["unknown", "x"])
+)
+
+
+@pytest.mark.parametrize("destination", ["file", "journal"])
+@pytest.mark.parametrize("log_format", ["postfix", "json"])
+def test_random_disconnect_lines_match_the_structlog_path(
+    tmp_path: Path, log_format: LogFormat, destination: str
+) -> None:
+    """Any client and command counts give the same disconnect line on both paths."""
+    target = Target(tmp_path, log_format, destination)
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(client=TEXT, counts=st.dictionaries(COMMAND_NAMES, COUNT, max_size=5))
+    def check(client: str, counts: dict[str, object]) -> None:
+        _both(target, "smtpd", "disconnect", {"client": client, "commands": counts})
 
     try:
         check()
@@ -216,7 +251,8 @@ def test_the_recipient_line_has_postfix_order(tmp_path: Path) -> None:
 def test_hot_shapes_skip_the_general_renderer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Recipient, ``ID: event``, ``ID: k=v`` and connect lines never reach postfix_message."""
+    """Recipient, ``ID: event``, ``ID: k=v``, connect and disconnect lines never reach the
+    general renderer; a shape it has no direct path for does."""
     target = Target(tmp_path, "postfix", "stream")
     calls: list[str] = []
     real: Callable[[Any], str] = postfix_message
@@ -231,14 +267,16 @@ def test_hot_shapes_skip_the_general_renderer(
     lines.info("removed", queue_id="4F1")
     lines.info("queued", queue_id="4F1", from_="<a>", size=3, nrcpt="1 (queue active)")
     lines.info("connect", client="unknown[127.0.0.1]")
+    lines.info("disconnect", client="c[1]", commands={"quit": (1, 1), "rcpt": (0, 1)})
     assert calls == []
-    lines.info("disconnect", client="c[1]", commands={"quit": 1})
+    lines.info("disconnect", client="c[1]", commands={"unknown": 1})
     assert calls == ["disconnect"]
     assert target.take().decode().splitlines()[1:] == [
         "4F1: removed",
         "4F1: from=<a>, size=3, nrcpt=1 (queue active)",
         "connect from unknown[127.0.0.1]",
-        "disconnect from c[1] quit=1 commands=1",
+        "disconnect from c[1] rcpt=0/1 quit=1 commands=1/2",
+        "disconnect from c[1] unknown=1 commands=1",
     ]
 
 
