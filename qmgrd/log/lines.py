@@ -8,7 +8,10 @@ Contract
 ``maillog_file``, a stream, the journal and syslog, same level filtering), at
 a fraction of the CPU. Call sites change ``log.info(...)`` to
 ``lines.info(...)`` and nothing else; create the ``LineLog`` once (per
-session, per component object) and reuse it::
+process or per long-lived object: construction looks at the logger) and reuse
+it. Every other method (``warning``, ``error``, ``bind``, ...) is the wrapped
+logger's, so a ``LineLog`` can stand wherever the logger stood (a context's
+``log`` field), and ``LineLog(LineLog(log))`` wraps ``log`` once::
 
     lines = LineLog(get_logger("smtp"))
     lines.info("sent", queue_id=qid, to="<a@b>", relay=relay, delay="0.05",
@@ -195,6 +198,8 @@ class LineLog:
 
     def __init__(self, log: Any) -> None:
         """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
+        if isinstance(log, LineLog):
+            log = log._log
         self._log = log
         self._output: LogOutput | None = None
         self._render: Any = None
@@ -213,6 +218,15 @@ class LineLog:
         self._component = self._context.get("component")
         is_enabled = getattr(log, "is_enabled_for", None)
         self._enabled = bool(is_enabled(logging.INFO)) if callable(is_enabled) else True
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
+        return getattr(self._log, name)
+
+    @property
+    def logger(self) -> Any:
+        """The wrapped structlog logger."""
+        return self._log
 
     def _direct(self) -> LogOutput | None:
         """The output to write to directly, or None while another chain is configured."""

@@ -315,3 +315,14 @@ def test_a_logger_that_is_not_structlog_is_delegated_to() -> None:
 
     LineLog(Fake()).info("removed", queue_id="4F1")
     assert seen == [("removed", {"queue_id": "4F1"})]
+
+
+def test_other_methods_are_the_loggers_and_wrapping_twice_is_once(tmp_path: Path) -> None:
+    """A LineLog stands in for its logger: warning goes through structlog, info directly."""
+    target = Target(tmp_path, "postfix", "stream")
+    log = get_logger("qmgr")
+    lines = LineLog(LineLog(log))
+    assert lines.logger is log
+    lines.warning("corrupt queue file", queue_id="4F1", reason="bad record")
+    lines.info("removed", queue_id="4F1")
+    assert target.take() == (b"warning: 4F1: corrupt queue file, reason=bad record\n4F1: removed\n")
