@@ -199,8 +199,8 @@ class LineLog:
     def __init__(self, log: Any) -> None:
         """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
         if isinstance(log, LineLog):
-            log = log._log
-        self._log = log
+            log = log.logger
+        self._log: Any = log
         self._output: LogOutput | None = None
         self._render: Any = None
         procs = getattr(log, "_processors", None)
