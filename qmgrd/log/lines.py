@@ -221,6 +221,8 @@ class LineLog:
 
     def __getattr__(self, name: str) -> Any:
         """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
+        if name.startswith("_"):  # never the slots themselves (copy, pickle: no recursion)
+            raise AttributeError(name)
         return getattr(self._log, name)
 
     @property
