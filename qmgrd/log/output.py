@@ -118,10 +118,10 @@ class LogOutput:
             before=lambda: _call(ref, LogOutput.flush_pending),
             after_in_child=lambda: _call(ref, LogOutput._forked),
         )
-        self._stamp_second = -1  # the second ``_stamp`` was rendered for
-        self._prefixes: dict[str, str] = {}  # component -> syslog prefix, for that second
+        # (second, its syslog time stamp, component -> line prefix): one tuple, replaced once a
+        # second, so a line renders from one second's stamp and prefixes whatever thread logs.
+        self._second: tuple[int, str, dict[str, str]] = (-1, "", {})
         self._pid = os.getpid()  # for each line's [pid]; a forked child sets its own
-        self._stamp = ""
         if self.path is not None:
             destination = "stream"
             try:
@@ -196,17 +196,17 @@ class LogOutput:
         if self.path is None or self.log_format == "json":
             return text
         second = int(now)
-        if second != self._stamp_second:  # the time stamp changes once a second
-            self._stamp_second = second
-            self._stamp = syslog_timestamp(now)
-            self._prefixes = {}
+        state = self._second
+        if state[0] != second:  # the time stamp changes once a second
+            state = self._second = (second, syslog_timestamp(now), {})
+        _, stamp, prefixes = state
         # The prefix of each component's lines is built once per second.
-        prefix = self._prefixes.get(component) if type(component) is str else None
+        prefix = prefixes.get(component) if type(component) is str else None
         if prefix is None:
             name = f"{self.program}/{escape(component)}" if component else self.program
-            prefix = f"{self._stamp} {self.hostname} {name}[{self._pid}]: "
+            prefix = f"{stamp} {self.hostname} {name}[{self._pid}]: "
             if type(component) is str:
-                self._prefixes[component] = prefix
+                prefixes[component] = prefix
         return prefix + text
 
     def __call__(self, *_args: Any) -> LogOutput:
@@ -287,7 +287,7 @@ class LogOutput:
         self._pending.clear()
         self._flush_loop = None
         self._pid = os.getpid()
-        self._stamp_second = -1  # the prefixes carry the parent's pid
+        self._second = (-1, "", {})  # the prefixes carry the parent's pid
 
     def _write_pending(self) -> None:
         """Write the queued lines to the file (lock held)."""

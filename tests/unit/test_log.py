@@ -124,6 +124,25 @@ def test_maillog_file_lines_have_the_syslog_prefix(tmp_path: Path) -> None:
     ]
 
 
+def test_the_prefix_follows_the_clock_and_the_component(tmp_path: Path) -> None:
+    """Each line's prefix has its own second's time stamp and its own component."""
+    path = tmp_path / "maillog"
+    times = iter([T0, T0 + 0.5, T0 + 1, T0 + 1.2])
+    configure_logging("postfix", maillog_file=path, hostname="mx1", clock=lambda: next(times))
+    get_logger("qmgr").info("removed", queue_id="A")
+    get_logger("smtp").info("removed", queue_id="B")
+    get_logger("qmgr").info("removed", queue_id="C")
+    get_logger("smtp").info("removed", queue_id="D")
+    pid = os.getpid()
+    first, later = _local_stamp(T0), _local_stamp(T0 + 1)
+    assert path.read_text().splitlines() == [
+        f"{first} mx1 qmgrd/qmgr[{pid}]: A: removed",
+        f"{first} mx1 qmgrd/smtp[{pid}]: B: removed",
+        f"{later} mx1 qmgrd/qmgr[{pid}]: C: removed",
+        f"{later} mx1 qmgrd/smtp[{pid}]: D: removed",
+    ]
+
+
 def test_syslog_prefix_pads_the_day_and_uses_english_months() -> None:
     """Days below 10 are space-padded (syslog %e) and the month is the English abbreviation."""
     t = time.mktime((2024, 1, 2, 3, 4, 5, 0, 0, -1))  # local time
