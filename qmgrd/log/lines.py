@@ -257,8 +257,8 @@ class LineLog:
             output = self._output
         else:
             output = self._direct()
-        if output is None or "exc_info" in fields:
-            self._log.info(event, **fields)
+        if output is None or "exc_info" in fields or "component" in fields:
+            self._log.info(event, **fields)  # structlog's path (a component field renames)
             return
         now = output.clock()
         text = None if output.log_format == "json" else _postfix_line(event, fields)

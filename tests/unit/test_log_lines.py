@@ -134,6 +134,8 @@ KEYS = st.sampled_from(
         "code",
         "reason",
         "after",
+        "component",
+        "level",
     ]
 )
 EVENTS = st.one_of(
