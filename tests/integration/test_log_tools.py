@@ -19,11 +19,11 @@ from pathlib import Path
 
 import aiosmtplib
 import pytest
-import structlog
 
-from qmgrd.log import LogOutput, configure_logging
+from qmgrd.log import configure_logging
 from tests.integration.e2e import TIMEOUT, running_daemon, wait_for_messages, write_config
 from tests.integration.sinks import SinkConfig, smtp_sink
+from tests.support.logs import saved_structlog
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,14 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
     """The test configures logging globally; put the previous configuration back."""
-    saved = structlog.get_config()
-    try:
+    with saved_structlog():
         yield
-    finally:
-        output = structlog.get_config().get("logger_factory")
-        if isinstance(output, LogOutput):
-            output.close()
-        structlog.configure(**saved)
 
 
 def _grand_totals(report: str) -> dict[str, int]:

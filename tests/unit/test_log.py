@@ -22,13 +22,13 @@ import structlog
 
 from qmgrd.errors import ConfigError
 from qmgrd.log import (
-    LogOutput,
     configure_logging,
     get_logger,
     render_postfix,
     reopen_logs,
     syslog_prefix,
 )
+from tests.support.logs import saved_structlog
 
 # 2024-03-05 14:07:09 UTC; the syslog prefix uses local time, computed the same way below.
 T0 = 1709647629.25
@@ -37,14 +37,8 @@ T0 = 1709647629.25
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
     """Each test configures logging globally; put the previous configuration back."""
-    saved = structlog.get_config()
-    try:
+    with saved_structlog():
         yield
-    finally:
-        output = structlog.get_config().get("logger_factory")
-        if isinstance(output, LogOutput):
-            output.close()
-        structlog.configure(**saved)
 
 
 def _local_stamp(t: float) -> str:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import structlog
 
-from qmgrd.log import LogOutput, configure_logging, get_logger
+from qmgrd.log import configure_logging, get_logger
 from qmgrd.log.render import render_postfix
+from tests.support.logs import saved_structlog
 
 T0 = 1709647629.25
 
@@ -26,14 +27,8 @@ T0 = 1709647629.25
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
     """Each test configures logging globally; put the previous configuration back."""
-    saved = structlog.get_config()
-    try:
+    with saved_structlog():
         yield
-    finally:
-        output = structlog.get_config().get("logger_factory")
-        if isinstance(output, LogOutput):
-            output.close()
-        structlog.configure(**saved)
 
 
 def _line(method: str, event: str, **fields: Any) -> str:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 
 from qmgrd.errors import ConfigError
 from qmgrd.log import LogOutput, configure_logging, get_logger
 from qmgrd.log.sinks import JournalSink, choose_destination, journal_entry, stream_is_journal
+from tests.support.logs import saved_structlog
 
 T0 = 1709647629.25
 
@@ -26,14 +26,8 @@ T0 = 1709647629.25
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
     """Each test configures logging globally; put the previous configuration back."""
-    saved = structlog.get_config()
-    try:
+    with saved_structlog():
         yield
-    finally:
-        output = structlog.get_config().get("logger_factory")
-        if isinstance(output, LogOutput):
-            output.close()
-        structlog.configure(**saved)
 
 
 @pytest.fixture
