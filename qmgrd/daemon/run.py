@@ -7,7 +7,8 @@ engine, control socket, metrics, listener) and adds what belongs to the
 process: the start and stop log lines, sd_notify and SIGHUP reloads; it
 returns when ``stop`` is set, after closing everything it started. ``qmgrd run``
 settles the garbage collector once the daemon has started
-(``qmgrd.daemon.process.settle_gc``).
+(``qmgrd.daemon.process.settle_gc``) and, on a thread, fills a fresh spool's
+recycle pool (``qmgrd.spool.poolslot.prefill``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from qmgrd.daemon.workers import worker_count
 from qmgrd.listener import ListenerHandle
 from qmgrd.log import get_logger, reopen_logs
 from qmgrd.spool.lock import lock_spool
+from qmgrd.spool.poolslot import PREFILL, prefill
+from qmgrd.spool.recycle import RECYCLE_DIR
 
 VERSION = "0.1.0"
 
@@ -98,8 +101,15 @@ async def _main(cfg: Config) -> None:
         stop=stop,
         hup=hup,
         notifier=Notifier.from_environment(),
-        engine_ready=lambda _engine: settle_gc(),  # this process only: not tests' serve()
+        engine_ready=_started,  # this process only: not tests' serve()
     )
+
+
+def _started(engine: Engine) -> None:
+    """``qmgrd run`` has started: settle the collector, fill a fresh recycle pool (a thread)."""
+    settle_gc()
+    pool = f"{engine.ctx.spool.root}/{RECYCLE_DIR}"
+    asyncio.get_running_loop().run_in_executor(None, prefill, pool, PREFILL)
 
 
 def run_command(config_dir: Path) -> int:
