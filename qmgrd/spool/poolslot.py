@@ -25,8 +25,8 @@ is missing, ``OSError`` otherwise. Where ``renameat2`` is not available (not
 Linux, an old C library, a file system that refuses the flag) it is a plain
 ``rename`` to ``first``.
 
-``prefill(directory, count)`` (``qmgrd run``, once the daemon has started, on
-a thread: off the path of any message) makes ``directory`` (mode 0700) if
+``prefill(directory, count)`` (``qmgrd run``, once the daemon has started and
+before it says so: off the path of any message) makes ``directory`` (mode 0700) if
 needed and creates an empty file (mode 0600) under each of the names ``00``
 to ``count - 1`` that does not exist, so that a fresh spool's first messages
 claim pooled files instead of allocating inodes under load (measured: the
