@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import zlib
 from pathlib import Path
@@ -111,3 +113,32 @@ def test_prefill_makes_the_directory_and_stops_quietly_on_errors(tmp_path: Path)
     assert prefill(str(pool), 2) == 2
     assert pool.stat().st_mode & 0o777 == 0o700
     assert prefill(str(tmp_path / "missing" / "recycle"), 2) == 0
+
+
+def _failing(code: int) -> object:
+    def fake(*_args: object) -> int:
+        ctypes.set_errno(code)
+        return -1
+
+    return fake
+
+
+def test_a_file_system_without_the_flag_falls_back_to_rename_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EINVAL (the flag refused): a plain rename now and from then on."""
+    monkeypatch.setattr(poolslot._NOREPLACE, "fn", _failing(errno.EINVAL))
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    _file(tmp_path / "done", "new")
+    place(str(tmp_path / "done"), str(pool), 7, SLOTS)
+    assert (pool / "07").read_text() == "new"
+    assert poolslot._NOREPLACE.fn is None
+
+
+def test_other_errors_are_raised_as_os_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(poolslot._NOREPLACE, "fn", _failing(errno.EACCES))
+    with pytest.raises(PermissionError):
+        place(str(tmp_path / "done"), str(tmp_path), 0, SLOTS)
