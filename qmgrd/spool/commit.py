@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool.diskio import sync_directories
+from qmgrd.spool.diskio import QueueDirectories, sync_directories
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
 from qmgrd.spool.writer import QueueFileWriter
@@ -73,6 +73,7 @@ class GroupCommitter:
 
     __slots__ = (
         "_closed",
+        "_dirs",
         "_flushers",
         "_pending",
         "_starting",
@@ -105,6 +106,7 @@ class GroupCommitter:
         self._flushers: set[asyncio.Task[None]] = set()
         self._starting = 0  # flushers created that have not taken their first batch yet
         self._closed = False
+        self._dirs = QueueDirectories(str(spool.root))  # directory fsyncs: opened once
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""
@@ -130,9 +132,10 @@ class GroupCommitter:
         if not self._flushers:
             self._start_flusher()
         elif self._timer is None and len(self._flushers) < self.max_flights:
-            self._timer = asyncio.get_running_loop().call_later(self.stall, self._stalled)
-        # shield: a session that disconnects must not cancel the batch's result handling.
-        return await asyncio.shield(future)
+            self._timer = future.get_loop().call_later(self.stall, self._stalled)
+        # A caller cancelled meanwhile cancels only this future: the item stays in its
+        # batch and is committed all the same (``_flush`` skips a future already done).
+        return await future
 
     def _start_flusher(self) -> None:
         self._starting += 1
@@ -184,8 +187,16 @@ class GroupCommitter:
                 results.append(exc)
         live = [w for w, r in zip(writers, results, strict=True) if r is None]
         if live:
-            # One hop: fsync and link each file, fsync each queue directory once.
-            done = iter(await self._run(functools.partial(commit_writers, self.spool, live)))
+            # One hop: fsync and link each file, fsync each queue directory once; the
+            # descriptors are closed here, on the loop (no lock hand-off for a close).
+            hop = functools.partial(
+                commit_writers, self.spool, live, dirs=self._dirs, keep_open=True
+            )
+            try:
+                done = iter(await self._run(hop))
+            finally:
+                for writer in live:
+                    writer.release()
             results = [next(done) if r is None else r for r in results]
         return [r for r in results if r is not None]
 
@@ -208,6 +219,7 @@ class GroupCommitter:
             self._timer = None
         while self._flushers:
             await asyncio.shield(asyncio.gather(*self._flushers))
+        self._dirs.close()
 
 
 def _consume(future: asyncio.Future[str]) -> None:
@@ -215,20 +227,33 @@ def _consume(future: asyncio.Future[str]) -> None:
         future.exception()
 
 
-def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
+def commit_writers(
+    spool: Spool,
+    writers: Sequence[QueueFileWriter],
+    *,
+    dirs: QueueDirectories | None = None,
+    keep_open: bool = False,
+) -> list[str | SpoolError]:
     """Commit several writers with one fsync per target directory; a result per writer.
 
     A failed directory fsync fails (and unlinks) every item: none of them was
     acknowledged, so none may stay where the queue manager would find it.
+    ``dirs``: the directories' descriptors, kept open; ``keep_open``: the
+    files' descriptors are left for the caller's ``QueueFileWriter.release``
+    (writers already ``finish``ed).
     """
     results: list[str | SpoolError] = []
     for writer in writers:
         try:
-            results.append(writer.commit())
+            if keep_open:
+                writer.sync()
+                results.append(writer.publish(keep_open=True))
+            else:
+                results.append(writer.commit())
         except SpoolError as exc:
             results.append(exc)
     committed = [
         (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
     ]
-    error = sync_directories(spool, committed)
+    error = sync_directories(spool, committed, dirs)
     return results if error is None else [error for _ in results]

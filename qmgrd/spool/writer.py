@@ -351,17 +351,21 @@ class QueueFileWriter:
             self.discard()
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
 
-    def publish(self) -> str:
+    def publish(self, *, keep_open: bool = False) -> str:
         """Commit step 3: close, link into ``target``, unlink the temporary name; the id.
 
         No directory fsync (``commit_writers`` or the caller does it once per
-        batch). SpoolError (nothing left behind) if it fails.
+        batch). SpoolError (nothing left behind) if it fails. ``keep_open``
+        leaves the descriptor for ``release`` (the group committer closes it on
+        the loop: a close in the worker thread is one more hand-off of the
+        interpreter lock).
         """
         if self._fd < 0:
             raise InvariantError("publish before finish")
         try:
-            os.close(self._fd)
-            self._fd = -1
+            if not keep_open:
+                os.close(self._fd)
+                self._fd = -1
             temp = self._temp()
             directory = f"{self._spool.root}/{self.target}"
             try:
@@ -376,6 +380,13 @@ class QueueFileWriter:
                 os.unlink(self._temp())
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
         return self.queue_id
+
+    def release(self) -> None:
+        """Close the descriptor ``publish(keep_open=True)`` left open (idempotent)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
 
     def discard(self) -> None:
         """Close and remove the temporary file, if any; idempotent, never raises."""
