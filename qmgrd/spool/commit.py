@@ -30,6 +30,12 @@ to the page cache (``finish``: the open and the write a worker thread would
 pay a GIL hand-off for each, since the loop holds the lock while busy); then
 one thread hop fsyncs and links each file and fsyncs the queue directories
 once (``commit_writers``), so a message costs the session one hop as before.
+Every system call in that hop hands the interpreter lock back and forth with
+the busy loop (a futex wake-up and a context switch on each side), so the hop
+makes only the ones that must sit between the two fsyncs: the file's fsync
+and its link. The directories' descriptors stay open (``QueueDirectories``),
+and each file's close and the unlink of its temporary name run on the loop
+after the hop (``QueueFileWriter.release``).
 A batch holding a whole message or a REDIRECT that must rebuild its file
 goes to that hop as a whole (``_commit_batch``).
 Hops run on the ``pool`` given (the daemon's regulated
@@ -188,7 +194,7 @@ class GroupCommitter:
         live = [w for w, r in zip(writers, results, strict=True) if r is None]
         if live:
             # One hop: fsync and link each file, fsync each queue directory once; the
-            # descriptors are closed here, on the loop (no lock hand-off for a close).
+            # files are closed and their temporary names unlinked here, on the loop.
             hop = functools.partial(
                 commit_writers, self.spool, live, dirs=self._dirs, keep_open=True
             )
@@ -238,9 +244,9 @@ def commit_writers(
 
     A failed directory fsync fails (and unlinks) every item: none of them was
     acknowledged, so none may stay where the queue manager would find it.
-    ``dirs``: the directories' descriptors, kept open; ``keep_open``: the
-    files' descriptors are left for the caller's ``QueueFileWriter.release``
-    (writers already ``finish``ed).
+    ``dirs``: the directories' descriptors, kept open; ``keep_open``: each
+    file's close and temporary name are left to the caller's
+    ``QueueFileWriter.release`` (writers already ``finish``ed).
     """
     results: list[str | SpoolError] = []
     for writer in writers:

@@ -116,6 +116,7 @@ class QueueFileWriter:
         "_fd",
         "_flushed",
         "_gap_at",
+        "_linked",
         "_parts",
         "_parts_size",
         "_rcpt_at",
@@ -151,6 +152,7 @@ class QueueFileWriter:
         self._fd = -1
         self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
         self._closed = False
+        self._linked: str | None = None  # publish(keep_open=True): the temporary name left
         self.queue_id: str = spool.new_queue_id()  # the committed file's id (module doc)
         self.rcpt_count = 0
         self.content_size = 0
@@ -356,9 +358,11 @@ class QueueFileWriter:
 
         No directory fsync (``commit_writers`` or the caller does it once per
         batch). SpoolError (nothing left behind) if it fails. ``keep_open``
-        leaves the descriptor for ``release`` (the group committer closes it on
-        the loop: a close in the worker thread is one more hand-off of the
-        interpreter lock).
+        leaves the close and the temporary name's unlink to ``release`` (the
+        group committer runs it on the loop: each system call in the worker
+        thread is one more hand-off of the interpreter lock). Until then the
+        file has both names; a crash meanwhile leaves the temporary one, which
+        start-up removes (as after a crash between the link and the unlink).
         """
         if self._fd < 0:
             raise InvariantError("publish before finish")
@@ -373,7 +377,10 @@ class QueueFileWriter:
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
                 os.link(temp, f"{directory}/{self.queue_id}")
-            os.unlink(temp)
+            if keep_open:
+                self._linked = temp
+            else:
+                os.unlink(temp)
         except OSError as exc:
             self.discard()
             with contextlib.suppress(OSError):
@@ -382,11 +389,18 @@ class QueueFileWriter:
         return self.queue_id
 
     def release(self) -> None:
-        """Close the descriptor ``publish(keep_open=True)`` left open (idempotent)."""
+        """Finish ``publish(keep_open=True)``: close the file, unlink the temporary name.
+
+        Idempotent; never raises (a name that cannot go is removed at start-up).
+        """
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
             self._fd = -1
+        if self._linked is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._linked)
+            self._linked = None
 
     def discard(self) -> None:
         """Close and remove the temporary file, if any; idempotent, never raises."""

@@ -183,3 +183,53 @@ async def test_a_commit_waits_for_the_batch_on_disk_until_it_has_stalled(spool: 
     await committer.close()
     assert runner.most == 1
     assert set(ids) == set(spool.list_ids("incoming")) and len(set(ids)) == 4
+
+
+async def test_the_hop_makes_only_fsyncs_and_links_the_loop_closes_and_unlinks(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the worker thread: each file's fsync and link, the directory's fsync on a descriptor
+    opened once for every batch; each file's close and temporary name go on the loop."""
+    loop_thread = threading.get_ident()
+    calls: list[tuple[str, bool]] = []  # (call, on the loop thread)
+
+    def spy(name: str) -> None:
+        real = getattr(os, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            calls.append((name, threading.get_ident() == loop_thread))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, call)
+
+    for name in ("fsync", "link", "unlink", "close", "open"):
+        spy(name)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    first = await committer.commit_writer(_writer(spool, b"one\n"))
+    second = await committer.commit_writer(_writer(spool, b"two\n"))
+    in_thread = [name for name, on_loop in calls if not on_loop]
+    on_loop = [name for name, on_loop in calls if on_loop]
+    await committer.close()
+    # file fsync, link, directory fsync (+ the directory's one open, first batch only)
+    assert in_thread == ["fsync", "link", "open", "fsync"] + ["fsync", "link", "fsync"]
+    assert on_loop.count("unlink") == 2 and on_loop.count("close") == 2
+    assert sorted(os.listdir(spool.root / "incoming")) == sorted([first, second])  # no temp
+
+
+async def test_a_failed_directory_fsync_leaves_neither_name(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory fsync fails: the message is refused, its final and temporary names go."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    with pytest.raises(SpoolError, match="queue directory sync error"):
+        await committer.commit_writer(_writer(spool, b"lost\n"))
+    await committer.close()
+    assert os.listdir(spool.root / "incoming") == []
