@@ -221,13 +221,16 @@ class ListenerHandle:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
-            async with asyncio.timeout(settings.smtpd_timeout):
-                await self._loop.connect_accepted_socket(
-                    lambda: chan,
-                    sock=conn,
-                    ssl=wrapper,
-                    ssl_handshake_timeout=settings.smtpd_timeout if wrapper else None,
-                )
+            if wrapper is None:  # no handshake: the transport is up at the loop's next pass
+                await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
+            else:
+                async with asyncio.timeout(settings.smtpd_timeout):
+                    await self._loop.connect_accepted_socket(
+                        lambda: chan,
+                        sock=conn,
+                        ssl=wrapper,
+                        ssl_handshake_timeout=settings.smtpd_timeout,
+                    )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             if wrapper is not None:
                 get_logger("smtpd").info(

@@ -40,16 +40,22 @@ A batch holding a whole message or a REDIRECT that must rebuild its file
 goes to that hop as a whole (``_commit_batch``).
 Hops run on the ``pool`` given (the daemon's regulated
 ``qmgrd.daemon.workpool.WorkPool``, which adds a thread while every worker is
-blocked in fsync), else on asyncio's default executor.
+blocked in fsync), else on the committer's own threads (``_Hops``): long-lived,
+one per flight at most, fed through a ``SimpleQueue`` and answering with one
+``call_soon_threadsafe`` per hop (no executor future, work item, context copy
+or chained future per hop, as ``asyncio.to_thread`` makes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool.diskio import QueueDirectories, sync_directories
@@ -81,6 +87,7 @@ class GroupCommitter:
         "_closed",
         "_dirs",
         "_flushers",
+        "_hops",
         "_pending",
         "_starting",
         "_timer",
@@ -113,6 +120,7 @@ class GroupCommitter:
         self._starting = 0  # flushers created that have not taken their first batch yet
         self._closed = False
         self._dirs = QueueDirectories(str(spool.root))  # directory fsyncs: opened once
+        self._hops = _Hops()  # where hops run without a pool
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""
@@ -180,7 +188,7 @@ class GroupCommitter:
     async def _run(self, fn: Callable[[], _T]) -> _T:
         if self.pool is not None:
             return await self.pool.run(fn)
-        return await asyncio.to_thread(fn)
+        return await self._hops.run(fn)
 
     async def _staged(self, writers: list[QueueFileWriter]) -> list[str | SpoolError]:
         """Commit writers: the last writes on the loop, the rest in one hop (module doc)."""
@@ -225,7 +233,72 @@ class GroupCommitter:
             self._timer = None
         while self._flushers:
             await asyncio.shield(asyncio.gather(*self._flushers))
+        self._hops.close()
         self._dirs.close()
+
+
+class _Hops:
+    """The committer's worker threads (module doc): a new one only while all are busy.
+
+    Every count is kept on the loop's thread; the threads only take jobs and
+    hand back results. At most one job per flight is out at once, so there are
+    at most ``max_flights`` threads. ``close`` ends them once idle.
+    """
+
+    __slots__ = ("_busy", "_jobs", "_threads")
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # jobs handed out and not answered yet
+
+    async def run(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in one of the threads; its result (or exception)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        if self._busy >= len(self._threads):
+            thread = threading.Thread(
+                target=self._work, name="qmgrd-commit", daemon=True  # a hop never outlives us
+            )
+            thread.start()
+            self._threads.append(thread)
+        self._busy += 1
+        self._jobs.put(_Job(fn, future, loop))
+        try:
+            return await future
+        finally:
+            self._busy -= 1
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                result, error = job.fn(), None
+            except BaseException as exc:  # handed to the awaiting flusher as it is
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+    def close(self) -> None:
+        """End the threads once they are idle (they take nothing after this)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads.clear()
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the flusher was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _consume(future: asyncio.Future[str]) -> None:

@@ -7,13 +7,13 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool
-from qmgrd.spool.commit import GroupCommitter
+from qmgrd.spool.commit import GroupCommitter, commit_writers
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
 
 T = TypeVar("T")
@@ -211,7 +211,7 @@ async def test_the_hop_makes_only_fsyncs_and_links_the_loop_closes_and_unlinks(
     on_loop = [name for name, on_loop in calls if on_loop]
     await committer.close()
     # file fsync, link, directory fsync (+ the directory's one open, first batch only)
-    assert in_thread == ["fsync", "link", "open", "fsync"] + ["fsync", "link", "fsync"]
+    assert in_thread == ["fsync", "link", "open", "fsync", "fsync", "link", "fsync"]
     assert on_loop.count("unlink") == 2 and on_loop.count("close") == 2
     assert sorted(os.listdir(spool.root / "incoming")) == sorted([first, second])  # no temp
 
@@ -233,3 +233,45 @@ async def test_a_failed_directory_fsync_leaves_neither_name(
         await committer.commit_writer(_writer(spool, b"lost\n"))
     await committer.close()
     assert os.listdir(spool.root / "incoming") == []
+
+
+async def test_without_a_pool_hops_run_on_the_committers_own_threads_which_end_at_close(
+    spool: Spool,
+) -> None:
+    """No pool: each hop runs on a long-lived thread of the committer's (one per flight at
+    most); they are gone after close."""
+    hop_threads: set[str] = set()
+    real = commit_writers
+
+    def spy(*args: Any, **kwargs: Any) -> list[str | SpoolError]:
+        hop_threads.add(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    committer = GroupCommitter(spool, max_flights=2, stall=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("qmgrd.spool.commit.commit_writers", spy)
+        ids = await asyncio.gather(
+            *(committer.commit_writer(_writer(spool, b"%d\n" % i)) for i in range(8))
+        )
+        await committer.close()
+    assert set(ids) == set(spool.list_ids("incoming")) and len(ids) == 8
+    assert hop_threads == {"qmgrd-commit"}
+    for _ in range(200):  # bounded: the threads take their end marker at once
+        if not any(t.name == "qmgrd-commit" for t in threading.enumerate()):
+            break
+        await asyncio.sleep(0.01)
+    assert not any(t.name == "qmgrd-commit" for t in threading.enumerate())
+
+
+async def test_an_exception_in_a_hop_reaches_the_flusher_as_a_spool_error(spool: Spool) -> None:
+    """A bug in the hop (here: commit_writers raises) fails that batch's commits, loudly typed."""
+
+    def broken(*args: Any, **kwargs: Any) -> list[str | SpoolError]:
+        raise RuntimeError("boom")
+
+    committer = GroupCommitter(spool)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("qmgrd.spool.commit.commit_writers", broken)
+        with pytest.raises(SpoolError, match="boom"):
+            await committer.commit_writer(_writer(spool, b"x\n"))
+        await committer.close()
