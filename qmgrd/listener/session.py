@@ -246,6 +246,14 @@ class Session(TransactionIO):
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
         self.ctx.observer.replied(text)
 
+    def reply_lines(self, texts: tuple[str, ...], encoded: bytes) -> None:
+        """Queue positive reply lines ``texts``, already encoded together (EHLO's)."""
+        self._ok = True
+        self._out.append(encoded)
+        observer = self.ctx.observer
+        for text in texts:
+            observer.replied(text)
+
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""
         if self._out:
