@@ -60,7 +60,7 @@ are removed at start-up (``Spool.remove_temp_files``).
 
 Threads: ``flush``, ``commit`` and ``discard`` block on the disk and are
 called from a worker thread; the owner never touches the writer while one
-of them runs. ``add_*`` only append to the buffer and are called on the loop.
+of them runs. ``add_*`` (buffer appends) and ``release`` run on the loop.
 """
 
 from __future__ import annotations
@@ -354,45 +354,33 @@ class QueueFileWriter:
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
 
     def publish(self, *, keep_open: bool = False) -> str:
-        """Commit step 3: close, link into ``target``, unlink the temporary name; the id.
+        """Commit step 3: link into ``target``, then ``release`` unless ``keep_open``; the id.
 
-        No directory fsync (``commit_writers`` or the caller does it once per
-        batch). SpoolError (nothing left behind) if it fails. ``keep_open``
-        leaves the close and the temporary name's unlink to ``release`` (the
-        group committer runs it on the loop: each system call in the worker
-        thread is one more hand-off of the interpreter lock). Until then the
-        file has both names; a crash meanwhile leaves the temporary one, which
-        start-up removes (as after a crash between the link and the unlink).
+        No directory fsync (the caller does it once per batch); SpoolError (nothing left
+        behind) if it fails. A crash before ``release`` leaves a temporary name start-up removes.
         """
         if self._fd < 0:
             raise InvariantError("publish before finish")
+        temp = self._temp()
+        directory = f"{self._spool.root}/{self.target}"
         try:
-            if not keep_open:
-                os.close(self._fd)
-                self._fd = -1
-            temp = self._temp()
-            directory = f"{self._spool.root}/{self.target}"
             try:
                 os.link(temp, f"{directory}/{self.queue_id}")
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
                 os.link(temp, f"{directory}/{self.queue_id}")
-            if keep_open:
-                self._linked = temp
-            else:
-                os.unlink(temp)
         except OSError as exc:
             self.discard()
             with contextlib.suppress(OSError):
-                os.unlink(self._temp())
+                os.unlink(temp)
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._linked = temp
+        if not keep_open:
+            self.release()
         return self.queue_id
 
     def release(self) -> None:
-        """Finish ``publish(keep_open=True)``: close the file, unlink the temporary name.
-
-        Idempotent; never raises (a name that cannot go is removed at start-up).
-        """
+        """Close the published file and unlink its temporary name; idempotent, never raises."""
         if self._fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._fd)
