@@ -275,3 +275,17 @@ async def test_an_exception_in_a_hop_reaches_the_flusher_as_a_spool_error(spool:
         with pytest.raises(SpoolError, match="boom"):
             await committer.commit_writer(_writer(spool, b"x\n"))
         await committer.close()
+
+
+def test_a_crash_between_the_hop_and_the_release_leaves_the_message_whole(spool: Spool) -> None:
+    """Published in the hop, never released (the process died): start-up's temporary cleanup
+    leaves exactly the committed file, which reads back whole."""
+    writer = _writer(spool, b"survivor\n")
+    writer.finish()
+    (result,) = commit_writers(spool, [writer], keep_open=True)
+    assert isinstance(result, str)
+    assert sorted(os.listdir(spool.root / "incoming")) == sorted([result, "." + result])
+    os.close(writer._fd)  # what the process's death does; no release
+    assert spool.remove_temp_files() == 1
+    assert os.listdir(spool.root / "incoming") == [result]
+    assert QueueFile.open(spool.path("incoming", result)).content_size == len(b"survivor\n")
