@@ -53,6 +53,7 @@ import contextlib
 import functools
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -84,6 +85,7 @@ class GroupCommitter:
     """Async front of the batch commits; one per daemon (up to ``max_flights`` flusher tasks)."""
 
     __slots__ = (
+        "__weakref__",
         "_closed",
         "_dirs",
         "_flushers",
@@ -121,6 +123,9 @@ class GroupCommitter:
         self._closed = False
         self._dirs = QueueDirectories(str(spool.root))  # directory fsyncs: opened once
         self._hops = _Hops()  # where hops run without a pool
+        # A committer dropped without close (a test's) still ends its threads and descriptors.
+        weakref.finalize(self, self._hops.close)
+        weakref.finalize(self, self._dirs.close)
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""

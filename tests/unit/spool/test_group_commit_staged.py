@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 from collections.abc import Callable
@@ -240,11 +241,11 @@ async def test_without_a_pool_hops_run_on_the_committers_own_threads_which_end_a
 ) -> None:
     """No pool: each hop runs on a long-lived thread of the committer's (one per flight at
     most); they are gone after close."""
-    hop_threads: set[str] = set()
+    hop_threads: set[threading.Thread] = set()
     real = commit_writers
 
     def spy(*args: Any, **kwargs: Any) -> list[str | SpoolError]:
-        hop_threads.add(threading.current_thread().name)
+        hop_threads.add(threading.current_thread())
         return real(*args, **kwargs)
 
     committer = GroupCommitter(spool, max_flights=2, stall=0)
@@ -255,12 +256,14 @@ async def test_without_a_pool_hops_run_on_the_committers_own_threads_which_end_a
         )
         await committer.close()
     assert set(ids) == set(spool.list_ids("incoming")) and len(ids) == 8
-    assert hop_threads == {"qmgrd-commit"}
+    assert hop_threads and {t.name for t in hop_threads} == {"qmgrd-commit"}
+    assert len(hop_threads) <= 2  # one per flight at most
+    assert threading.current_thread() not in hop_threads
     for _ in range(200):  # bounded: the threads take their end marker at once
-        if not any(t.name == "qmgrd-commit" for t in threading.enumerate()):
+        if not any(t.is_alive() for t in hop_threads):
             break
         await asyncio.sleep(0.01)
-    assert not any(t.name == "qmgrd-commit" for t in threading.enumerate())
+    assert not any(t.is_alive() for t in hop_threads)
 
 
 async def test_an_exception_in_a_hop_reaches_the_flusher_as_a_spool_error(spool: Spool) -> None:
@@ -289,3 +292,17 @@ def test_a_crash_between_the_hop_and_the_release_leaves_the_message_whole(spool:
     assert spool.remove_temp_files() == 1
     assert os.listdir(spool.root / "incoming") == [result]
     assert QueueFile.open(spool.path("incoming", result)).content_size == len(b"survivor\n")
+
+
+async def test_a_committer_dropped_without_close_ends_its_threads(spool: Spool) -> None:
+    """Garbage collection of a committer nobody closed ends its hop threads."""
+    committer = GroupCommitter(spool)
+    await committer.commit_writer(_writer(spool, b"x\n"))
+    threads = list(committer._hops._threads)  # this committer's, not other tests' leftovers
+    del committer
+    gc.collect()
+    for _ in range(200):  # bounded
+        if not any(t.is_alive() for t in threads):
+            break
+        await asyncio.sleep(0.01)
+    assert threads and not any(t.is_alive() for t in threads)
