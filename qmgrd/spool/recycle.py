@@ -56,6 +56,7 @@ import stat
 import zlib
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.poolslot import place
 
 __all__ = ["MAX_SIZE", "RECYCLE_DIR", "SLOTS", "Recycler", "retire"]
 
@@ -74,15 +75,15 @@ def retire(root: str, queue: str, queue_id: str, size: int) -> bool:
         if size > MAX_SIZE:
             os.unlink(path)
             return True
-        slot = f"{root}/{RECYCLE_DIR}/{zlib.crc32(queue_id.encode()) % SLOTS:02x}"
+        slot = zlib.crc32(queue_id.encode()) % SLOTS
         try:
-            os.rename(path, slot)
+            place(path, f"{root}/{RECYCLE_DIR}", slot, SLOTS)  # a free name (poolslot)
         except FileNotFoundError:
             if not os.path.lexists(path):
                 raise
             with contextlib.suppress(FileExistsError):  # the first use: make recycle/
                 os.mkdir(f"{root}/{RECYCLE_DIR}", 0o700)
-            os.rename(path, slot)
+            place(path, f"{root}/{RECYCLE_DIR}", slot, SLOTS)
     except FileNotFoundError:
         return False
     except OSError as exc:
