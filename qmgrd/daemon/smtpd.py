@@ -18,7 +18,9 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   parent bound, per master.cf service) with the same ``ListenerGroup`` the
   in-process mode runs, so every listener hook (limits, cleanup, TLS, AUTH)
   behaves the same; queue ids come from its own ``slot`` of ``slots``
-  (``QueueIdGenerator``), so processes never draw the same id;
+  (``QueueIdGenerator``), so processes never draw the same id, and it
+  reuses pooled queue files from its own part of ``recycle/``
+  (``qmgrd.spool.recycle``: worker ``slot`` of ``slots - 1``);
 - reports each durable commit and its intake counts over the channel
   (``qmgrd.daemon.ipc``; what is sent in one pass of the loop goes out in
   one write, ``Outbox``) and says ``ready`` once it listens;
@@ -80,6 +82,7 @@ from qmgrd.listener.observer import Committed
 from qmgrd.listener.services import listener_settings
 from qmgrd.log import get_logger, reopen_logs
 from qmgrd.spool import QueueIdGenerator, Spool
+from qmgrd.spool.recycle import Recycler
 
 WORKER_ACCEPT_BATCH = 4  # connections per wake-up: workers share each listening socket
 
@@ -216,6 +219,7 @@ class Worker:
         )
         self.outbox.open(self.writer)
         cleanup = CleanupSettings.from_config(self.cfg)
+        parts = max(1, self.args.slots - 1)
         self.group = await ListenerGroup.start(
             listener_settings(self.cfg, cleanup=cleanup),
             self.spool,
@@ -224,6 +228,10 @@ class Worker:
             gate=self.gate,
             sockets=_sockets(self.args.listen),
             accept_batch=WORKER_ACCEPT_BATCH,
+            # Workers are slots 1..slots-1: each claims its own part of the pool.
+            recycler=Recycler(
+                str(self.args.spool), part=(self.args.slot - 1) % parts, parts=parts
+            ),
         )
         for handle in (self.group.main, *self.group.services.values()):
             handle.ctx.anvil = self.anvil.service(handle.settings.service)

@@ -43,16 +43,20 @@ async def _greet(s: Session, arg: str, *, extended: bool) -> None:
     if not extended:
         s.reply(f"250 {s.settings.myhostname}")
         return
-    limit = s.settings.message_size_limit
-    lines = [s.settings.myhostname, "PIPELINING", f"SIZE {limit}" if limit else "SIZE"]
-    if s.starttls_offered:
-        lines.append("STARTTLS")
-    if s.auth_offered:
-        lines.append("AUTH PLAIN LOGIN")
-    lines += ["ENHANCEDSTATUSCODES", "8BITMIME", "DSN", "SMTPUTF8"]
-    for line in lines[:-1]:
-        s.reply(f"250-{line}")
-    s.reply(f"250 {lines[-1]}")
+    key = (s.starttls_offered, s.auth_offered)
+    replies = s.settings.ehlo_replies.get(key)
+    if replies is None:  # once per settings and key: the lines depend on nothing else
+        limit = s.settings.message_size_limit
+        lines = [s.settings.myhostname, "PIPELINING", f"SIZE {limit}" if limit else "SIZE"]
+        if key[0]:
+            lines.append("STARTTLS")
+        if key[1]:
+            lines.append("AUTH PLAIN LOGIN")
+        lines += ["ENHANCEDSTATUSCODES", "8BITMIME", "DSN", "SMTPUTF8"]
+        texts = (*(f"250-{line}" for line in lines[:-1]), f"250 {lines[-1]}")
+        replies = texts, b"".join(t.encode("utf-8", "surrogateescape") + b"\r\n" for t in texts)
+        s.settings.ehlo_replies[key] = replies
+    s.reply_lines(*replies)
 
 
 async def mail(s: Session, arg: str) -> None:

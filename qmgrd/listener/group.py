@@ -6,7 +6,8 @@ Contract
 starts one listener per ``ListenerSettings`` (the main one first, as
 ``qmgrd.listener.services.listener_settings`` returns them); the others share
 the main one's group committer and password pool, and all the ``gate`` (fair
-admission's intake check, ``qmgrd.listener.flowgate``). ``sockets`` (service name
+admission's intake check, ``qmgrd.listener.flowgate``) and the main one's
+queue file pool (``recycler``: the given one, else a new one). ``sockets`` (service name
 -> listening sockets) hands over sockets bound elsewhere: a listener worker
 process serves the sockets its parent bound, so every worker accepts on the
 same kernel queue. Without it each listener binds its own addresses
@@ -30,6 +31,7 @@ from qmgrd.listener.server import ListenerHandle, start_listener
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.log import get_logger
 from qmgrd.spool import Spool
+from qmgrd.spool.recycle import Recycler
 
 __all__ = ["ListenerGroup"]
 
@@ -55,6 +57,7 @@ class ListenerGroup:
         gate: FlowGate = NULL_GATE,
         sockets: Mapping[str, Sequence[socket.socket]] | None = None,
         accept_batch: int = ACCEPT_BATCH,
+        recycler: Recycler | None = None,
     ) -> ListenerGroup:
         """Start every listener in ``settings`` (module doc); closes what started on failure."""
         main_settings, *others = settings
@@ -70,6 +73,7 @@ class ListenerGroup:
             gate=gate,
             sockets=given(main_settings.service),
             accept_batch=accept_batch,
+            recycler=recycler,
         )
         group = cls(main, {})
         try:
@@ -84,6 +88,7 @@ class ListenerGroup:
                     gate=gate,
                     sockets=given(item.service),
                     accept_batch=accept_batch,
+                    recycler=main.ctx.recycler,
                 )
         except BaseException:
             await group.aclose()

@@ -221,13 +221,16 @@ class ListenerHandle:
         chan = Channel(_READ_LIMIT)
         wrapper = settings.tls.context if settings.tls.wrappermode else None
         try:
-            async with asyncio.timeout(settings.smtpd_timeout):
-                await self._loop.connect_accepted_socket(
-                    lambda: chan,
-                    sock=conn,
-                    ssl=wrapper,
-                    ssl_handshake_timeout=settings.smtpd_timeout if wrapper else None,
-                )
+            if wrapper is None:  # no handshake: the transport is up at the loop's next pass
+                await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
+            else:
+                async with asyncio.timeout(settings.smtpd_timeout):
+                    await self._loop.connect_accepted_socket(
+                        lambda: chan,
+                        sock=conn,
+                        ssl=wrapper,
+                        ssl_handshake_timeout=settings.smtpd_timeout,
+                    )
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             if wrapper is not None:
                 get_logger("smtpd").info(
@@ -299,6 +302,7 @@ async def start_listener(
     gate: FlowGate = NULL_GATE,
     sockets: Sequence[socket.socket] | None = None,
     accept_batch: int = ACCEPT_BATCH,
+    recycler: Recycler | None = None,
 ) -> ListenerHandle:
     """Serve SMTP on the running loop: on ``sockets`` if given, else on ``settings.listen``.
 
@@ -311,6 +315,9 @@ async def start_listener(
     few, so that an idle one gets its share). A bind failure is ConfigError
     (``bind_listener``). A ``committer`` or ``passwords`` passed in is
     shared with other listeners: the caller closes it, not ``wait_closed``.
+    ``recycler``: the process's pool of queue files (``qmgrd.spool.recycle``; a
+    listener worker claims its own part of it); a new one over the whole pool
+    if not given.
     """
     loop = asyncio.get_running_loop()
     ctx = ListenerContext(
@@ -321,7 +328,7 @@ async def start_listener(
         passwords=passwords or PasswordChecker(),
         observer=observer,
         gate=gate,
-        recycler=Recycler(str(spool.root)),
+        recycler=recycler or Recycler(str(spool.root)),
     )
     handle = ListenerHandle(loop, ctx, settings)
     handle.owns_shared = committer is None and passwords is None

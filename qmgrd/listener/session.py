@@ -66,6 +66,7 @@ from qmgrd.listener.protocol import (
     LineTooLong,
     ServerProtocol,
 )
+from qmgrd.listener.room import SpoolRoom
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.listener.tls import TlsFacts, session_facts
 from qmgrd.listener.transaction import Transaction, TransactionIO
@@ -94,6 +95,7 @@ class ListenerContext:
     inflow: IntakeGate = OPEN_GATE  # regulator: in_flow_delay, 421 4.3.2 (listener.inflow)
     anvil: SharedCounts | None = None  # per-client counts of every listener process (limits)
     recycler: Recycler | None = None  # pooled inodes for temporary queue files (spool.recycle)
+    room: SpoolRoom | None = None  # the spool's free space at MAIL (made on first use; room)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: get_logger("smtpd"))
     cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))
@@ -245,6 +247,14 @@ class Session(TransactionIO):
             self.errors += 1
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
         self.ctx.observer.replied(text)
+
+    def reply_lines(self, texts: tuple[str, ...], encoded: bytes) -> None:
+        """Queue positive reply lines ``texts``, already encoded together (EHLO's)."""
+        self._ok = True
+        self._out.append(encoded)
+        observer = self.ctx.observer
+        for text in texts:
+            observer.replied(text)
 
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""

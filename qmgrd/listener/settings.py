@@ -8,7 +8,7 @@ how ``qmgrd.listener.services`` builds one settings object per listener.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -79,6 +79,10 @@ class ListenerSettings:
     tls: TlsSettings = NO_TLS  # smtpd_tls_*
     service: str = "smtp"  # master.cf service name (logs)
     cleanup: CleanupSettings | None = None  # header processing at DATA; None = store as sent
+    # EHLO's reply lines by (STARTTLS offered, AUTH offered), built once (commands._greet).
+    ehlo_replies: dict[tuple[bool, bool], tuple[tuple[str, ...], bytes]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:

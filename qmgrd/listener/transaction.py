@@ -10,7 +10,6 @@ It holds no state of its own: the attributes declared below are Session's.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from qmgrd.cleanup import Disposition, HeaderProcessor, MessageInfo, protocol_name
 from qmgrd.errors import SpoolError
 from qmgrd.listener.protocol import Closed, Content, DataEnd, Dialogue, Event, ServerProtocol
+from qmgrd.listener.room import SpoolRoom
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
 
 if TYPE_CHECKING:
@@ -63,13 +63,15 @@ class TransactionIO:
         raise NotImplementedError  # Session's
 
     def spool_has_room(self, size: int) -> bool:
-        """Whether the spool's file system can take a message of ``size`` bytes now."""
-        try:
-            st = os.statvfs(self.ctx.committer.spool.root)
-        except OSError:
-            return True  # cannot tell: let the commit decide (451 if it fails)
-        free = st.f_bavail * st.f_frsize
-        return free >= max(self.settings.queue_minfree, _MIN_FREE) + size
+        """Whether the spool's file system can take a message of ``size`` bytes now.
+
+        The process's ``SpoolRoom`` asks the file system (``qmgrd.listener.room``:
+        an answer with plenty of room is reused for a short while).
+        """
+        room = self.ctx.room
+        if room is None:
+            room = self.ctx.room = SpoolRoom(str(self.ctx.committer.spool.root))
+        return room.has_room(max(self.settings.queue_minfree, _MIN_FREE) + size)
 
     def begin_transaction(self, head: EnvelopeHead) -> None:
         writer = QueueFileWriter(self.ctx.committer.spool, head, recycler=self.ctx.recycler)

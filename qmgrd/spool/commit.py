@@ -30,23 +30,36 @@ to the page cache (``finish``: the open and the write a worker thread would
 pay a GIL hand-off for each, since the loop holds the lock while busy); then
 one thread hop fsyncs and links each file and fsyncs the queue directories
 once (``commit_writers``), so a message costs the session one hop as before.
+Every system call in that hop hands the interpreter lock back and forth with
+the busy loop (a futex wake-up and a context switch on each side), so the hop
+makes only the ones that must sit between the two fsyncs: the file's fsync
+and its link. The directories' descriptors stay open (``QueueDirectories``),
+and each file's close and the unlink of its temporary name run on the loop
+after the hop (``QueueFileWriter.release``).
 A batch holding a whole message or a REDIRECT that must rebuild its file
 goes to that hop as a whole (``_commit_batch``).
 Hops run on the ``pool`` given (the daemon's regulated
 ``qmgrd.daemon.workpool.WorkPool``, which adds a thread while every worker is
-blocked in fsync), else on asyncio's default executor.
+blocked in fsync), else on the committer's own threads (``_Hops``): long-lived,
+one per flight at most, fed through a ``SimpleQueue`` and answering with one
+``call_soon_threadsafe`` per hop (no executor future, work item, context copy
+or chained future per hop, as ``asyncio.to_thread`` makes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import queue
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool.diskio import sync_directories
+from qmgrd.spool.diskio import QueueDirectories, sync_directories
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
 from qmgrd.spool.writer import QueueFileWriter
@@ -72,8 +85,11 @@ class GroupCommitter:
     """Async front of the batch commits; one per daemon (up to ``max_flights`` flusher tasks)."""
 
     __slots__ = (
+        "__weakref__",
         "_closed",
+        "_dirs",
         "_flushers",
+        "_hops",
         "_pending",
         "_starting",
         "_timer",
@@ -105,6 +121,11 @@ class GroupCommitter:
         self._flushers: set[asyncio.Task[None]] = set()
         self._starting = 0  # flushers created that have not taken their first batch yet
         self._closed = False
+        self._dirs = QueueDirectories(str(spool.root))  # directory fsyncs: opened once
+        self._hops = _Hops()  # where hops run without a pool
+        # A committer dropped without close (a test's) still ends its threads and descriptors.
+        weakref.finalize(self, self._hops.close)
+        weakref.finalize(self, self._dirs.close)
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""
@@ -130,9 +151,10 @@ class GroupCommitter:
         if not self._flushers:
             self._start_flusher()
         elif self._timer is None and len(self._flushers) < self.max_flights:
-            self._timer = asyncio.get_running_loop().call_later(self.stall, self._stalled)
-        # shield: a session that disconnects must not cancel the batch's result handling.
-        return await asyncio.shield(future)
+            self._timer = future.get_loop().call_later(self.stall, self._stalled)
+        # A caller cancelled meanwhile cancels only this future: the item stays in its
+        # batch and is committed all the same (``_flush`` skips a future already done).
+        return await future
 
     def _start_flusher(self) -> None:
         self._starting += 1
@@ -171,7 +193,7 @@ class GroupCommitter:
     async def _run(self, fn: Callable[[], _T]) -> _T:
         if self.pool is not None:
             return await self.pool.run(fn)
-        return await asyncio.to_thread(fn)
+        return await self._hops.run(fn)
 
     async def _staged(self, writers: list[QueueFileWriter]) -> list[str | SpoolError]:
         """Commit writers: the last writes on the loop, the rest in one hop (module doc)."""
@@ -184,8 +206,16 @@ class GroupCommitter:
                 results.append(exc)
         live = [w for w, r in zip(writers, results, strict=True) if r is None]
         if live:
-            # One hop: fsync and link each file, fsync each queue directory once.
-            done = iter(await self._run(functools.partial(commit_writers, self.spool, live)))
+            # One hop: fsync and link each file, fsync each queue directory once; the
+            # files are closed and their temporary names unlinked here, on the loop.
+            hop = functools.partial(
+                commit_writers, self.spool, live, dirs=self._dirs, keep_open=True
+            )
+            try:
+                done = iter(await self._run(hop))
+            finally:
+                for writer in live:
+                    writer.release()
             results = [next(done) if r is None else r for r in results]
         return [r for r in results if r is not None]
 
@@ -208,6 +238,72 @@ class GroupCommitter:
             self._timer = None
         while self._flushers:
             await asyncio.shield(asyncio.gather(*self._flushers))
+        self._hops.close()
+        self._dirs.close()
+
+
+class _Hops:
+    """The committer's worker threads (module doc): a new one only while all are busy.
+
+    Every count is kept on the loop's thread; the threads only take jobs and
+    hand back results. At most one job per flight is out at once, so there are
+    at most ``max_flights`` threads. ``close`` ends them once idle.
+    """
+
+    __slots__ = ("_busy", "_jobs", "_threads")
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # jobs handed out and not answered yet
+
+    async def run(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn`` in one of the threads; its result (or exception)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_T] = loop.create_future()
+        if self._busy >= len(self._threads):
+            thread = threading.Thread(
+                target=self._work, name="qmgrd-commit", daemon=True  # a hop never outlives us
+            )
+            thread.start()
+            self._threads.append(thread)
+        self._busy += 1
+        self._jobs.put(_Job(fn, future, loop))
+        try:
+            return await future
+        finally:
+            self._busy -= 1
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                result, error = job.fn(), None
+            except BaseException as exc:  # handed to the awaiting flusher as it is
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                job.loop.call_soon_threadsafe(_settle, job.future, result, error)
+
+    def close(self) -> None:
+        """End the threads once they are idle (they take nothing after this)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads.clear()
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    fn: Callable[[], Any]
+    future: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the flusher was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def _consume(future: asyncio.Future[str]) -> None:
@@ -215,20 +311,33 @@ def _consume(future: asyncio.Future[str]) -> None:
         future.exception()
 
 
-def commit_writers(spool: Spool, writers: Sequence[QueueFileWriter]) -> list[str | SpoolError]:
+def commit_writers(
+    spool: Spool,
+    writers: Sequence[QueueFileWriter],
+    *,
+    dirs: QueueDirectories | None = None,
+    keep_open: bool = False,
+) -> list[str | SpoolError]:
     """Commit several writers with one fsync per target directory; a result per writer.
 
     A failed directory fsync fails (and unlinks) every item: none of them was
     acknowledged, so none may stay where the queue manager would find it.
+    ``dirs``: the directories' descriptors, kept open; ``keep_open``: each
+    file's close and temporary name are left to the caller's
+    ``QueueFileWriter.release`` (writers already ``finish``ed).
     """
     results: list[str | SpoolError] = []
     for writer in writers:
         try:
-            results.append(writer.commit())
+            if keep_open:
+                writer.sync()
+                results.append(writer.publish(keep_open=True))
+            else:
+                results.append(writer.commit())
         except SpoolError as exc:
             results.append(exc)
     committed = [
         (writer.target, r) for writer, r in zip(writers, results, strict=True) if isinstance(r, str)
     ]
-    error = sync_directories(spool, committed)
+    error = sync_directories(spool, committed, dirs)
     return results if error is None else [error for _ in results]

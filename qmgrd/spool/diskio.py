@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Sequence
 
 from qmgrd.errors import InvariantError, SpoolError
@@ -18,16 +19,23 @@ from qmgrd.spool.store import Spool
 COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
 
 
-def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> SpoolError | None:
+def sync_directories(
+    spool: Spool, committed: Sequence[tuple[str, str]], dirs: QueueDirectories | None = None
+) -> SpoolError | None:
     """Fsync each target directory of ``committed`` (target, queue id) pairs once.
 
-    On failure every committed file is unlinked (none was acknowledged, so none
-    may stay where the queue manager would find it) and the error is returned.
+    With ``dirs`` the directories' descriptors are its own, opened once (no
+    open and close per batch). On failure every committed file is unlinked
+    (none was acknowledged, so none may stay where the queue manager would
+    find it) and the error is returned.
     """
     if not committed or not spool.fsync:
         return None
     try:
         for target in sorted({t for t, _ in committed}):
+            if dirs is not None:
+                dirs.sync(target)
+                continue
             fd = os.open(f"{spool.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
             try:
                 os.fsync(fd)
@@ -39,6 +47,41 @@ def sync_directories(spool: Spool, committed: Sequence[tuple[str, str]]) -> Spoo
                 os.unlink(f"{spool.root}/{target}/{queue_id}")
         return SpoolError(f"queue directory sync error: {exc.strerror or exc}")
     return None
+
+
+class QueueDirectories:
+    """Open descriptors of queue directories, for the group commit's directory fsyncs.
+
+    Each directory is opened on first use and kept open until ``close``
+    (thread-safe: the committer's flights share it). A failed fsync keeps the
+    descriptor: the next batch fsyncs the same directory again.
+    """
+
+    __slots__ = ("_fds", "_lock", "root")
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def sync(self, target: str) -> None:
+        """Fsync ``root/target``; OSError if it fails."""
+        fd = self._fds.get(target)
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get(target)
+                if fd is None:
+                    fd = os.open(f"{self.root}/{target}", os.O_RDONLY | os.O_DIRECTORY)
+                    self._fds[target] = fd
+        os.fsync(fd)
+
+    def close(self) -> None:
+        """Close every descriptor (idempotent)."""
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _padding(length: int) -> bytes:

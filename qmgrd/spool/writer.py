@@ -60,7 +60,7 @@ are removed at start-up (``Spool.remove_temp_files``).
 
 Threads: ``flush``, ``commit`` and ``discard`` block on the disk and are
 called from a worker thread; the owner never touches the writer while one
-of them runs. ``add_*`` only append to the buffer and are called on the loop.
+of them runs. ``add_*`` (buffer appends) and ``release`` run on the loop.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ class QueueFileWriter:
         "_fd",
         "_flushed",
         "_gap_at",
+        "_linked",
         "_parts",
         "_parts_size",
         "_rcpt_at",
@@ -151,6 +152,7 @@ class QueueFileWriter:
         self._fd = -1
         self._gap_at = -1  # file offset of the reserved gap; -1 = no content yet
         self._closed = False
+        self._linked: str | None = None  # publish(keep_open=True): the temporary name left
         self.queue_id: str = spool.new_queue_id()  # the committed file's id (module doc)
         self.rcpt_count = 0
         self.content_size = 0
@@ -351,31 +353,42 @@ class QueueFileWriter:
             self.discard()
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
 
-    def publish(self) -> str:
-        """Commit step 3: close, link into ``target``, unlink the temporary name; the id.
+    def publish(self, *, keep_open: bool = False) -> str:
+        """Commit step 3: link into ``target``, then ``release`` unless ``keep_open``; the id.
 
-        No directory fsync (``commit_writers`` or the caller does it once per
-        batch). SpoolError (nothing left behind) if it fails.
+        No directory fsync (the caller does it once per batch); SpoolError (nothing left
+        behind) if it fails. A crash before ``release`` leaves a temporary name start-up removes.
         """
         if self._fd < 0:
             raise InvariantError("publish before finish")
+        temp = self._temp()
+        directory = f"{self._spool.root}/{self.target}"
         try:
-            os.close(self._fd)
-            self._fd = -1
-            temp = self._temp()
-            directory = f"{self._spool.root}/{self.target}"
             try:
                 os.link(temp, f"{directory}/{self.queue_id}")
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
                 os.link(temp, f"{directory}/{self.queue_id}")
-            os.unlink(temp)
         except OSError as exc:
             self.discard()
             with contextlib.suppress(OSError):
-                os.unlink(self._temp())
+                os.unlink(temp)
             raise SpoolError(f"queue file write error: {exc.strerror or exc}") from exc
+        self._linked = temp
+        if not keep_open:
+            self.release()
         return self.queue_id
+
+    def release(self) -> None:
+        """Close the published file and unlink its temporary name; idempotent, never raises."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = -1
+        if self._linked is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._linked)
+            self._linked = None
 
     def discard(self) -> None:
         """Close and remove the temporary file, if any; idempotent, never raises."""

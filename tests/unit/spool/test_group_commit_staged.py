@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from qmgrd.errors import SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool
-from qmgrd.spool.commit import GroupCommitter
+from qmgrd.spool.commit import GroupCommitter, commit_writers
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
 
 T = TypeVar("T")
@@ -183,3 +184,125 @@ async def test_a_commit_waits_for_the_batch_on_disk_until_it_has_stalled(spool: 
     await committer.close()
     assert runner.most == 1
     assert set(ids) == set(spool.list_ids("incoming")) and len(set(ids)) == 4
+
+
+async def test_the_hop_makes_only_fsyncs_and_links_the_loop_closes_and_unlinks(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In the worker thread: each file's fsync and link, the directory's fsync on a descriptor
+    opened once for every batch; each file's close and temporary name go on the loop."""
+    loop_thread = threading.get_ident()
+    calls: list[tuple[str, bool]] = []  # (call, on the loop thread)
+
+    def spy(name: str) -> None:
+        real = getattr(os, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            calls.append((name, threading.get_ident() == loop_thread))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(os, name, call)
+
+    for name in ("fsync", "link", "unlink", "close", "open"):
+        spy(name)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    first = await committer.commit_writer(_writer(spool, b"one\n"))
+    second = await committer.commit_writer(_writer(spool, b"two\n"))
+    in_thread = [name for name, on_loop in calls if not on_loop]
+    on_loop = [name for name, on_loop in calls if on_loop]
+    await committer.close()
+    # file fsync, link, directory fsync (+ the directory's one open, first batch only)
+    assert in_thread == ["fsync", "link", "open", "fsync", "fsync", "link", "fsync"]
+    assert on_loop.count("unlink") == 2 and on_loop.count("close") == 2
+    assert sorted(os.listdir(spool.root / "incoming")) == sorted([first, second])  # no temp
+
+
+async def test_a_failed_directory_fsync_leaves_neither_name(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory fsync fails: the message is refused, its final and temporary names go."""
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    committer = GroupCommitter(spool, pool=ThreadRunner())
+    with pytest.raises(SpoolError, match="queue directory sync error"):
+        await committer.commit_writer(_writer(spool, b"lost\n"))
+    await committer.close()
+    assert os.listdir(spool.root / "incoming") == []
+
+
+async def test_without_a_pool_hops_run_on_the_committers_own_threads_which_end_at_close(
+    spool: Spool,
+) -> None:
+    """No pool: each hop runs on a long-lived thread of the committer's (one per flight at
+    most); they are gone after close."""
+    hop_threads: set[threading.Thread] = set()
+    real = commit_writers
+
+    def spy(*args: Any, **kwargs: Any) -> list[str | SpoolError]:
+        hop_threads.add(threading.current_thread())
+        return real(*args, **kwargs)
+
+    committer = GroupCommitter(spool, max_flights=2, stall=0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("qmgrd.spool.commit.commit_writers", spy)
+        ids = await asyncio.gather(
+            *(committer.commit_writer(_writer(spool, b"%d\n" % i)) for i in range(8))
+        )
+        await committer.close()
+    assert set(ids) == set(spool.list_ids("incoming")) and len(ids) == 8
+    assert hop_threads and {t.name for t in hop_threads} == {"qmgrd-commit"}
+    assert len(hop_threads) <= 2  # one per flight at most
+    assert threading.current_thread() not in hop_threads
+    for _ in range(200):  # bounded: the threads take their end marker at once
+        if not any(t.is_alive() for t in hop_threads):
+            break
+        await asyncio.sleep(0.01)
+    assert not any(t.is_alive() for t in hop_threads)
+
+
+async def test_an_exception_in_a_hop_reaches_the_flusher_as_a_spool_error(spool: Spool) -> None:
+    """A bug in the hop (here: commit_writers raises) fails that batch's commits, loudly typed."""
+
+    def broken(*args: Any, **kwargs: Any) -> list[str | SpoolError]:
+        raise RuntimeError("boom")
+
+    committer = GroupCommitter(spool)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("qmgrd.spool.commit.commit_writers", broken)
+        with pytest.raises(SpoolError, match="boom"):
+            await committer.commit_writer(_writer(spool, b"x\n"))
+        await committer.close()
+
+
+def test_a_crash_between_the_hop_and_the_release_leaves_the_message_whole(spool: Spool) -> None:
+    """Published in the hop, never released (the process died): start-up's temporary cleanup
+    leaves exactly the committed file, which reads back whole."""
+    writer = _writer(spool, b"survivor\n")
+    writer.finish()
+    (result,) = commit_writers(spool, [writer], keep_open=True)
+    assert isinstance(result, str)
+    assert sorted(os.listdir(spool.root / "incoming")) == sorted([result, "." + result])
+    os.close(writer._fd)  # what the process's death does; no release
+    assert spool.remove_temp_files() == 1
+    assert os.listdir(spool.root / "incoming") == [result]
+    assert QueueFile.open(spool.path("incoming", result)).content_size == len(b"survivor\n")
+
+
+async def test_a_committer_dropped_without_close_ends_its_threads(spool: Spool) -> None:
+    """Garbage collection of a committer nobody closed ends its hop threads."""
+    committer = GroupCommitter(spool)
+    await committer.commit_writer(_writer(spool, b"x\n"))
+    threads = list(committer._hops._threads)  # this committer's, not other tests' leftovers
+    del committer
+    gc.collect()
+    for _ in range(200):  # bounded
+        if not any(t.is_alive() for t in threads):
+            break
+        await asyncio.sleep(0.01)
+    assert threads and not any(t.is_alive() for t in threads)

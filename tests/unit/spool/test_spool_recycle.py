@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qmgrd.errors import SpoolError
+from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.spool import QueueFile, RecipientSpec, Spool, read_content
 from qmgrd.spool.marks import FORCED_EXPIRE_MODE
 from qmgrd.spool.records import encode_queue_file
@@ -133,3 +133,32 @@ def test_retire_reports_a_disk_refusal_as_a_spool_error(spool: Spool) -> None:
     with pytest.raises(SpoolError, match="cannot remove active/"):
         retire(str(spool.root), "active", qid, 1)
     assert spool.path("active", qid).exists()
+
+
+def test_parts_of_the_pool_are_claimed_by_their_own_process_only(spool: Spool) -> None:
+    """Two workers' recyclers (parts 0 and 1 of 2) each claim only the names of their part."""
+    for _ in range(40):
+        assert _retire_active(spool, _commit(spool, b"x", None), 1)
+    pooled = _pooled(spool)
+    even = sorted(n for n in pooled if int(n, 16) % 2 == 0)
+    odd = sorted(n for n in pooled if int(n, 16) % 2 == 1)
+    assert even and odd  # 40 hashes over 256 names: both parts have files
+    first, second = Recycler(str(spool.root), part=0, parts=2), Recycler(
+        str(spool.root), part=1, parts=2
+    )
+    for i in range(len(even)):
+        claimed = first.claim(str(spool.root / "incoming" / f".E{i}"))
+        assert claimed is not None
+        os.close(claimed[0])
+    assert first.claim(str(spool.root / "incoming" / ".E-last")) is None  # the odd ones stay
+    assert _pooled(spool) == odd
+    for i in range(len(odd)):
+        claimed = second.claim(str(spool.root / "incoming" / f".O{i}"))
+        assert claimed is not None
+        os.close(claimed[0])
+    assert _pooled(spool) == []
+
+
+def test_a_part_outside_the_parts_is_a_bug() -> None:
+    with pytest.raises(InvariantError):
+        Recycler("/nonexistent", part=2, parts=2)
