@@ -33,7 +33,7 @@ from qmgrd.daemon.iobatch import IoBatcher
 from qmgrd.daemon.settings import EngineSettings
 from qmgrd.daemon.table import MessageTable
 from qmgrd.delivery.agent import Agent
-from qmgrd.log import get_logger
+from qmgrd.log import LineLog, get_logger
 from qmgrd.spool import Spool
 
 if TYPE_CHECKING:
@@ -103,6 +103,6 @@ class EngineContext:
     retry_delay: float = RETRY_DELAY
     stopping: bool = False
     admit_flow: Callable[[FlowEnvelope], Flow] | None = None  # None: fairness none (admitting)
-    log: Any = field(default_factory=lambda: get_logger("qmgr"))
-    smtp_log: Any = field(default_factory=lambda: get_logger("smtp"))
+    log: Any = field(default_factory=lambda: LineLog(get_logger("qmgr")))
+    smtp_log: Any = field(default_factory=lambda: LineLog(get_logger("smtp")))
     gate: DestGate | None = None  # cluster: shared destination state (qmgrd.daemon.destgate)

@@ -70,7 +70,7 @@ from qmgrd.listener.room import SpoolRoom
 from qmgrd.listener.settings import ListenerSettings
 from qmgrd.listener.tls import TlsFacts, session_facts
 from qmgrd.listener.transaction import Transaction, TransactionIO
-from qmgrd.log import get_logger
+from qmgrd.log import LineLog, get_logger
 from qmgrd.log.session import CommandCounts
 from qmgrd.spool import GroupCommitter
 from qmgrd.spool.recycle import Recycler
@@ -97,8 +97,8 @@ class ListenerContext:
     recycler: Recycler | None = None  # pooled inodes for temporary queue files (spool.recycle)
     room: SpoolRoom | None = None  # the spool's free space at MAIL (made on first use; room)
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
-    log: Any = field(default_factory=lambda: get_logger("smtpd"))
-    cleanup_log: Any = field(default_factory=lambda: get_logger("cleanup"))
+    log: Any = field(default_factory=lambda: LineLog(get_logger("smtpd")))
+    cleanup_log: Any = field(default_factory=lambda: LineLog(get_logger("cleanup")))
 
 
 class Session(TransactionIO):
