@@ -39,7 +39,6 @@ from qmgrd.daemon.table import ActiveMessage, record_of
 from qmgrd.delivery.agent import DeliveryResult, Outcome, RecipientResult
 from qmgrd.delivery.dsn import wants_notice
 from qmgrd.errors import InvariantError
-from qmgrd.log.lines import LineLog
 from qmgrd.spool import ReasonRecord
 from qmgrd.spool.records import mark_done
 
@@ -52,8 +51,6 @@ class Recorder:
     def __init__(self, ctx: EngineContext) -> None:
         """``ctx``: the engine's shared state."""
         self.ctx = ctx
-        # The status= lines, one per recipient: the direct log path (qmgrd.log.lines).
-        self.lines = LineLog(ctx.smtp_log)
 
     async def record(self, msg: ActiveMessage, result: DeliveryResult, now: float) -> None:
         """Bounce reasons, then done marks, then defer reasons (one file job)."""
@@ -126,7 +123,7 @@ class Recorder:
                 ctx.metrics.record_delivery(
                     rcpt.transport, "deferred", status, now - msg.qf.arrival_time
                 )
-            self.lines.info(
+            ctx.smtp_log.info(
                 "deferred",
                 queue_id=msg.queue_id,
                 to=f"<{rcpt.address}>",
@@ -153,7 +150,7 @@ class Recorder:
         text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
         transport = entry.transport
         queue_id = msg.queue_id
-        info = self.lines.info
+        info = ctx.smtp_log.info  # a LineLog (EngineContext): the direct log path
         # (status, dsn) -> recipients: the counters and metrics take a delivery's outcomes
         # in one call per kind (most deliveries have one: every recipient sent, 2.0.0)
         kinds: dict[tuple[str, str], int] = {}
