@@ -28,6 +28,8 @@ import enum
 
 from qmgrd.cleanup.headers import header_name_length, line_ending
 
+_WINDOW = 16384  # a view in the header section is read as bytes this much at a time
+
 
 class _State(enum.Enum):
     START = "start"
@@ -105,23 +107,56 @@ class HeaderStream:
         """Process a chunk; the bytes to write now (possibly empty).
 
         In the body, ``data`` itself is returned (no copy: a 100 KB message's
-        body passes through untouched).
+        body passes through untouched). ``feed_parts`` does not join the header
+        section's bytes with the body's that follow them in the same chunk.
+        """
+        head, body = self.feed_parts(data)
+        if not head:
+            return bytes(body)  # ``data`` itself in the body (bytes(b) is b)
+        return head + body if body else head
+
+    def feed_parts(self, data: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+        """Process a chunk: (header bytes to write now, then body bytes to write as given).
+
+        Written one after the other they are what ``feed`` returns; the body's
+        part is ``data`` itself or a view of it (never copied). A view (the
+        listener's last chunk of a message) is read as bytes ``_WINDOW`` bytes at
+        a time while the header section lasts: its body is not copied either.
         """
         if self._state is _State.BODY:
-            return data
+            return b"", data
+        if isinstance(data, bytes):
+            return self._feed_bytes(data)
+        out = bytearray()
+        for at in range(0, len(data), _WINDOW):  # bounded: one window per round
+            window = bytes(data[at : at + _WINDOW])
+            head, body = self._feed_bytes(window)
+            out += head
+            if not self.in_headers:  # the rest is a view of ``data`` (no copy)
+                return bytes(out), data[at + len(window) - len(body) :]
+        return bytes(out), b""
+
+    def _feed_bytes(self, raw: bytes) -> tuple[bytes, bytes | memoryview]:
+        """``feed_parts`` for a chunk that is ``bytes`` and starts in the header section."""
         out = bytearray()
         if self._state is _State.START:
             # the line ending of the first line decides ours: wait for it (bounded)
-            self._head += data
-            if b"\n" not in self._head and len(self._head) <= self.limit:
-                return b""
-            data = bytes(self._head)
-            self._head.clear()
-            self._start(data, out)
-        return self._feed_started(data, out)
+            if self._head:  # the first line so far: this chunk continues it
+                self._head += raw
+                raw = bytes(self._head)
+                self._head.clear()
+            if b"\n" not in raw and len(raw) <= self.limit:
+                self._head += raw
+                return b"", b""
+            self._start(raw, out)
+        pos = self._feed_started(raw, out)
+        return bytes(out), memoryview(raw)[pos:] if pos < len(raw) else b""
 
-    def _feed_started(self, data: bytes, out: bytearray) -> bytes:
-        """Headers line by line into ``out``; the body's bytes after them in one copy."""
+    def _feed_started(self, data: bytes, out: bytearray) -> int:
+        """Headers line by line into ``out``; where the body starts in ``data`` (or its length).
+
+        The bytes from there on are the body's, to be written as they are.
+        """
         pos, end = 0, len(data)
         limit = self.limit
         while pos < end and self._state is _State.HEADERS:
@@ -142,9 +177,7 @@ class HeaderStream:
                 self._partial_drop = False
                 self._partial_kind = None
                 self._line(line, truncated, out)
-        if pos < end and self._state is _State.BODY:
-            return b"".join((out, memoryview(data)[pos:]))
-        return bytes(out)
+        return pos
 
     def finish(self) -> bytes:
         """End of message: the remaining bytes to write."""
@@ -153,7 +186,7 @@ class HeaderStream:
             data = bytes(self._head)
             self._head.clear()
             self._start(data, out)
-            out += self._feed_started(data, bytearray())
+            out += memoryview(data)[self._feed_started(data, out) :]
         if self._state is _State.HEADERS:
             if self._partial:
                 line, truncated = bytes(self._partial), self._partial_drop
