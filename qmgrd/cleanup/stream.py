@@ -31,6 +31,15 @@ from qmgrd.cleanup.headers import header_name_length, line_ending
 _WINDOW = 16384  # a view in the header section is read as bytes this much at a time
 
 
+def _line_end(view: memoryview, at: int) -> int:
+    """Where the line starting at ``at`` in ``view`` ends (after its LF), or the view's end."""
+    for start in range(at, len(view), _WINDOW):
+        nl = bytes(view[start : start + _WINDOW]).find(b"\n")
+        if nl >= 0:
+            return start + nl + 1
+    return len(view)
+
+
 class _State(enum.Enum):
     START = "start"
     HEADERS = "headers"
@@ -128,12 +137,16 @@ class HeaderStream:
         if isinstance(data, bytes):
             return self._feed_bytes(data)
         out = bytearray()
-        for at in range(0, len(data), _WINDOW):  # bounded: one window per round
-            window = bytes(data[at : at + _WINDOW])
+        at = 0
+        while at < len(data):  # bounded: every round takes at least one byte
+            # The first line is read whole, as one bytes chunk shows it: its ending decides ours.
+            end = _line_end(data, at) if self._state is _State.START else at + _WINDOW
+            window = bytes(data[at:end])
             head, body = self._feed_bytes(window)
             out += head
             if not self.in_headers:  # the rest is a view of ``data`` (no copy)
                 return bytes(out), data[at + len(window) - len(body) :]
+            at += len(window)
         return bytes(out), b""
 
     def _feed_bytes(self, raw: bytes) -> tuple[bytes, bytes | memoryview]:
@@ -219,7 +232,8 @@ class HeaderStream:
             self._partial += piece
             return
         # Too long to hold: decide now what this line is.
-        probe = bytes(self._partial) + piece[: max(0, limit)]
+        # The line's first ``limit`` bytes, wherever the chunks cut it (a whole line: the same).
+        probe = (bytes(self._partial) + piece[: max(0, limit)])[: max(0, limit)]
         continuation = probe[:1] in (b" ", b"\t") and bool(self._cur)
         if continuation or header_name_length(probe) > 0:
             room = max(0, limit - len(self._partial))
