@@ -62,6 +62,12 @@ from dataclasses import dataclass
 
 from qmgrd.errors import InvariantError
 
+# DATA's scan (_scan): a "." found by memchr costs a Python step; where dots are dense
+# (text), a span is searched for CRLF "." by one find instead.
+_CREDIT = 8192  # bytes: the scan starts with memchr steps
+_PROBE_COST = 512  # bytes of find's search that a memchr step costs (a dot farther away gains)
+_SPAN = 16384  # bytes searched for CRLF "." by one find where dots are dense
+_SHORT = 4096  # a chunk shorter than this is searched by find alone (a 1 KB message)
 COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
 AUTH_LINE_LIMIT = 12288  # RFC 4954 §4
 
@@ -274,7 +280,11 @@ def _scan(stream: bytes, skip: int) -> tuple[bytes | memoryview, int, int]:
     start of DATA counts as following), kept only so that a CRLF "." across
     the boundary is seen. Every CRLF "." is found by a ``find`` of its "."
     (memchr: a run without a dot, such as base64, is crossed at memory speed)
-    then a ``find`` of CRLF "." from there: followed by CRLF it is the end
+    checked for the CRLF before it. Each such step costs what ``find`` would
+    spend on ``_PROBE_COST`` bytes: where dots are dense (text) the credit runs
+    out and ``_SPAN`` bytes at a time are searched for CRLF "." by one
+    ``find`` (a chunk under ``_SHORT`` bytes from the start), until a memchr
+    step shows the dots are sparse again. A CRLF "." followed by CRLF is the end
     marker (the third value is the offset after it, else -1); followed by
     nothing yet or a lone CR it may still become one, so the "." and what
     follows are held back (the second value); otherwise the "." is dropped
@@ -284,15 +294,27 @@ def _scan(stream: bytes, skip: int) -> tuple[bytes | memoryview, int, int]:
     """
     pieces: list[bytes | memoryview] = []
     start = skip  # content not yet taken starts here
-    pos = 0
+    pos = 0  # a CRLF "." not yet found starts here or later
+    credit = _CREDIT if len(stream) >= _SHORT else 0  # a short chunk: one find, as it was
     find = stream.find
     while True:
-        dot = find(b".", pos + 2)  # a CRLF "." at or after pos has its "." here or later
-        if dot < 0:
-            break
-        i = find(b"\r\n.", dot - 2)
-        if i < 0:
-            break
+        if credit > 0:  # memchr to the next ".": is it after a CRLF?
+            dot = find(b".", pos + 2)
+            if dot < 0:
+                break
+            if not stream.startswith(b"\r\n", dot - 2):
+                credit += dot - pos - _PROBE_COST  # far apart, dots pay for their steps
+                pos = dot - 1
+                continue
+            i = dot - 2
+        else:  # dots are dense here: search a span for CRLF "." itself
+            i = find(b"\r\n.", pos, pos + _SPAN)
+            if i < 0:
+                if pos + _SPAN >= len(stream):
+                    break
+                pos += _SPAN - 2  # a CRLF "." across the span's end is found in the next
+                credit = 1  # one step: the next dot's distance decides how to go on
+                continue
         after = stream[i + 3 : i + 5]
         if after == b"\r\n":  # the end marker
             pieces.append(memoryview(stream)[start : i + 2])

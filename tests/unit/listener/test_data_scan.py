@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from qmgrd.listener import protocol
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.protocol import Command, Content, DataEnd, Event, ServerProtocol, _scan
 
@@ -53,6 +54,28 @@ def test_scan_agrees_with_the_plain_scan(stream: bytes, skip: int) -> None:
     """Same content, held-back offset and end for any stream and skip."""
     skip = min(skip, len(stream))
     content, held, end = _scan(stream, skip)
+    assert (bytes(content), held, end) == _plain_scan(stream, skip)
+
+
+@given(
+    stream=st.lists(st.sampled_from([b"\r\n", b"\r", b"\n", b".", b"x", b"ab", b"\r\n.\r\n"]))
+    .map(b"".join),
+    skip=st.integers(min_value=0, max_value=2),
+    span=st.integers(min_value=3, max_value=9),
+    cost=st.integers(min_value=0, max_value=6),
+)
+@settings(max_examples=400, deadline=None)
+def test_scan_agrees_across_memchr_steps_and_spans(
+    stream: bytes, skip: int, span: int, cost: int
+) -> None:
+    """With tiny spans and credits the scan switches mode often: still the plain scan's answer."""
+    skip = min(skip, len(stream))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(protocol, "_SPAN", span)
+        patch.setattr(protocol, "_PROBE_COST", cost)
+        patch.setattr(protocol, "_CREDIT", 4)
+        patch.setattr(protocol, "_SHORT", 0)
+        content, held, end = _scan(stream, skip)
     assert (bytes(content), held, end) == _plain_scan(stream, skip)
 
 
