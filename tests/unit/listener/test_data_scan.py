@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qmgrd.listener import protocol
+from qmgrd.listener import dotscan
 from qmgrd.listener.channel import Channel
-from qmgrd.listener.protocol import Command, Content, DataEnd, Event, ServerProtocol, _scan
+from qmgrd.listener.dotscan import scan_data as _scan
+from qmgrd.listener.protocol import Command, Content, DataEnd, Event, ServerProtocol
 
 
 def _plain_scan(stream: bytes, skip: int) -> tuple[bytes, int, int]:
@@ -71,10 +72,10 @@ def test_scan_agrees_across_memchr_steps_and_spans(
     """With tiny spans and credits the scan switches mode often: still the plain scan's answer."""
     skip = min(skip, len(stream))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(protocol, "_SPAN", span)
-        patch.setattr(protocol, "_PROBE_COST", cost)
-        patch.setattr(protocol, "_CREDIT", 4)
-        patch.setattr(protocol, "_SHORT", 0)
+        patch.setattr(dotscan, "_SPAN", span)
+        patch.setattr(dotscan, "_PROBE_COST", cost)
+        patch.setattr(dotscan, "_CREDIT", 4)
+        patch.setattr(dotscan, "_SHORT", 0)
         content, held, end = _scan(stream, skip)
     assert (bytes(content), held, end) == _plain_scan(stream, skip)
 
