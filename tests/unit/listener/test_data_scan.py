@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from qmgrd.listener import dotscan
 from qmgrd.listener.channel import Channel
 from qmgrd.listener.dotscan import scan_data as _scan
-from qmgrd.listener.protocol import Command, Content, DataEnd, Event, ServerProtocol
+from qmgrd.listener.protocol import Command, Content, DataEnd, ServerProtocol
+from tests.unit.listener.test_listener_protocol import _chunked, _drain
 
 
 def _plain_scan(stream: bytes, skip: int) -> tuple[bytes, int, int]:
@@ -98,10 +99,10 @@ def test_the_last_chunk_is_a_view_and_the_middle_the_very_chunk() -> None:
     first = b"Subject: x\r\n\r\n" + b"X" * 78 + b"\r\n" + (b"Y" * 78 + b"\r\n") * 800
     last = (b"Z" * 78 + b"\r\n") * 450 + b".\r\nQUIT\r\n"
     proto.receive_data(first)
-    (event,) = _events(proto)
+    (event,) = _drain(proto)
     assert isinstance(event, Content) and event.data is first
     proto.receive_data(last)
-    content, end, quit_ = _events(proto)
+    content, end, quit_ = _drain(proto)
     assert isinstance(content, Content) and isinstance(content.data, memoryview)
     assert content.data.obj is last and bytes(content.data) == last[: -len(b".\r\nQUIT\r\n")]
     assert end == DataEnd(len(first) + len(content.data))
@@ -118,18 +119,8 @@ def test_big_chunks_read_as_the_whole_stream_would(lines: list[bytes], cut: int)
     content = b"".join(line + b"\r\n" for line in lines)
     stuffed = (b"\r\n" + content).replace(b"\r\n.", b"\r\n..")[2:]
     wire = stuffed + b".\r\nNOOP\r\n"
-    proto = ServerProtocol()
-    proto.start_data()
-    got = bytearray()
-    rest: list[Event] = []
-    for at in range(0, len(wire), cut):
-        proto.receive_data(wire[at : at + cut])
-        for event in _events(proto):
-            if isinstance(event, Content) and not rest:
-                got += event.data
-            else:
-                rest.append(event)
-    assert bytes(got) == content
+    got, rest = _chunked(ServerProtocol(), wire, [cut])
+    assert got == content
     assert rest == [DataEnd(len(content)), Command("NOOP", "")]
 
 
@@ -147,12 +138,3 @@ async def test_big_chunks_are_read_alone_small_ones_joined() -> None:
     assert await chan.read(262144, 1.0) == b"RSET\r\nNOOP\r\n"  # small ones still joined
     assert len(await chan.read(262144, 1.0)) == 5000
 
-
-def _events(proto: ServerProtocol) -> list[Event]:
-    out: list[Event] = []
-    for _ in range(10_000):  # bounded: each event consumes input
-        event = proto.next_event()
-        if event is None:
-            return out
-        out.append(event)
-    raise AssertionError("next_event never returned None")
