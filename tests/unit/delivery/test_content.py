@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import pytest
@@ -134,6 +134,9 @@ class _Connection:
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self.writes.append(b"".join(parts))  # one call: one write
 
     async def drain(self, timeout: float) -> None:
         return None
