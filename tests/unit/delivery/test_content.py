@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from qmgrd.delivery.agent import ContentSource, DeliveryRequest, Recipient
 from qmgrd.delivery.client import Reply
-from qmgrd.delivery.content import DOT_WALK, BytesContent, DataEncoder, encode_data
+from qmgrd.delivery.content import (
+    DOT_WALK,
+    BytesContent,
+    DataEncoder,
+    _crlf_only,
+    encode_data,
+)
 from qmgrd.delivery.mx import Endpoint
 from qmgrd.delivery.session import Session
 from qmgrd.delivery.settings import SmtpSettings
@@ -83,6 +89,20 @@ def test_line_ends_are_checked_before_the_crlf_fast_path(chunk: bytes, wire: byt
 def test_chunked_encoding_equals_whole_message_encoding(message: bytes, cuts: list[int]) -> None:
     """Encoding in arbitrary chunks gives exactly aiosmtplib's whole-message encoding."""
     assert _chunked(message, cuts) == _reference(message)
+
+
+def _counted_crlf_only(data: bytes) -> bool:
+    """The encoder's former test: as many CRs as LFs, and as many CRLFs as either."""
+    lf = data.count(b"\n")
+    return lf == data.count(b"\r") and (not lf or lf == data.count(b"\r\n"))
+
+
+@given(st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"a", b"\x0b", b"\x0c", b"\x1c", b"\x85"])))
+def test_crlf_only_agrees_with_counting(parts: list[bytes]) -> None:
+    """The splitlines check says "CRLF only" exactly when the counts do (CR, LF, the
+    breaks str.splitlines knows but bytes.splitlines does not)."""
+    data = b"".join(parts)
+    assert _crlf_only(data) == _counted_crlf_only(data)
 
 
 _LINES = st.lists(
