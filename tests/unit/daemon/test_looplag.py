@@ -1,0 +1,87 @@
+"""LoopLag's step: slow while the loop keeps up, every interval while it lags; samples weighted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from qmgrd.daemon.looplag import LAG_BUCKETS, QUIET, SLOW, LoopLag, quantile
+from tests.support.clock import FakeClock
+
+
+def _run_tick(lag: LoopLag, clock: FakeClock, late: float) -> None:
+    """Let the next sample come due and run ``late`` seconds after that."""
+    clock.advance(lag.step + late)
+    lag._tick()
+
+
+async def test_a_quiet_loop_is_sampled_less_often_and_a_lag_brings_the_interval_back() -> None:
+    """On-time samples double the step up to ``slow``; one late sample resets it at once."""
+    clock = FakeClock(0.0)
+    lag = LoopLag(interval=0.01, clock=clock)
+    loop = asyncio.get_running_loop()
+    lag.start()
+    try:
+        steps = []
+        for _ in range(6):
+            _run_tick(lag, clock, 0.0)
+            steps.append(round(lag.step, 3))
+            assert lag._handle is not None  # the timer really waits the step
+            assert lag._handle.when() - loop.time() == pytest.approx(lag.step, abs=0.005)
+        assert steps == [0.02, 0.04, 0.08, 0.1, 0.1, 0.1] and SLOW == 0.1
+        _run_tick(lag, clock, QUIET / 2)  # late, but under QUIET: still keeping up
+        assert lag.step == 0.1
+        _run_tick(lag, clock, QUIET)  # lagging: sampled every interval again
+        assert lag.step == 0.01
+        _run_tick(lag, clock, 0.0)
+        assert lag.step == 0.02
+        clock.advance(lag.step + 0.5)  # stuck: overdue at once, before the sample runs
+        assert lag.now() == pytest.approx(0.5)
+    finally:
+        lag.stop()
+
+
+async def test_a_sample_after_a_long_step_counts_for_the_samples_it_stands_for() -> None:
+    """A 3 ms sample after a 100 ms step is ten 3 ms samples: buckets, total, histogram."""
+    clock = FakeClock(0.0)
+    registry = CollectorRegistry()
+    lag = LoopLag(interval=0.01, registry=registry, clock=clock)
+    lag.start()
+    try:
+        while lag.step < SLOW:
+            _run_tick(lag, clock, 0.0)
+        before = list(lag.buckets)
+        kept = len(lag.samples)
+        _run_tick(lag, clock, 0.003)
+        added = [b - a for a, b in zip(before, lag.buckets, strict=True)]
+        assert added[LAG_BUCKETS.index(0.005)] == 10 and sum(added) == 10
+        assert lag.total == pytest.approx(0.03)
+        assert list(lag.samples)[kept:] == pytest.approx([0.003] * 10)
+        text = generate_latest(registry).decode()
+        assert "qmgrd_event_loop_lag_seconds_count 25.0" in text  # 1+2+4+8 on time, then 10
+    finally:
+        lag.stop()
+
+
+async def test_quantiles_weigh_time_not_ticks() -> None:
+    """One second of a loop keeping up (14 ticks) then 30 ms of lag on every tick for 0.13 s:
+    the median is the quiet loop's, the p95 the lagging one's, as with a fixed 10 ms step."""
+    clock = FakeClock(0.0)
+    lag = LoopLag(interval=0.01, clock=clock)
+    lag.start()
+    try:
+        ticks = 0
+        while clock() < 1.0:
+            _run_tick(lag, clock, 0.0)
+            ticks += 1
+        assert ticks <= 15  # a fixed 10 ms step: 100 wake-ups
+        for _ in range(5):
+            _run_tick(lag, clock, 0.03)
+        samples = list(lag.samples)
+        assert quantile(samples, 0.5) == 0.0
+        assert quantile(samples, 0.95) >= 0.02
+        assert lag.now() > 0.01  # the moving average follows the lag
+    finally:
+        lag.stop()
