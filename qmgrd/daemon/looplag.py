@@ -12,10 +12,13 @@ up to ``slow`` (default ``SLOW``, 100 ms): a timer every 10 ms woke an idle
 process 100 times a second (measured: 9-10 ms of CPU a second per idle
 listener worker, 11-12 in the queue manager; 1.3-3.3 at 100 ms). A sample
 taken after a step of ``k`` intervals stands for the ``k`` samples the fixed
-step would have taken (the histogram, buckets, quantiles and moving average
-count it ``k`` times), so the figures keep weighing time, not ticks; a
-loop that starts to lag is overdue at once (``now``), and its next sample
-brings the step back to ``interval``.
+step would have taken (the histogram, buckets and quantiles count it ``k``
+times), so the figures keep weighing time, not ticks; the moving average
+decays over the ``k - 1`` skipped samples as over quiet ones, then takes the
+sample once, as the fixed step would (one stall caught after a long step
+does not weigh ``k`` times in the regulator's signal). A loop that starts to
+lag is overdue at once (``now``), and its next sample brings the step back
+to ``interval``.
 
 - ``now()``: the lag the loop has at this moment: the samples' moving
   average (time constant ``SMOOTHING``, so one garbage-collection pause does
@@ -161,13 +164,14 @@ class LoopLag:
         if lag > self._worst:
             self._worst = lag
         if weight == 1:
-            self.average += (lag - self.average) * self._alpha
             self.samples.append(lag)
         else:
-            self.average += (lag - self.average) * (
-                1.0 - math.exp(-weight * self.interval / SMOOTHING)
-            )
+            # The moving average (the regulator's signal) takes the skipped samples as
+            # quiet, as the ones before them were: one late sample moves it as much as
+            # after a fixed step, not ``weight`` times as much.
+            self.average *= math.exp(-(weight - 1) * self.interval / SMOOTHING)
             self.samples.extend(itertools.repeat(lag, weight))
+        self.average += (lag - self.average) * self._alpha
         self.buckets[bisect.bisect_left(LAG_BUCKETS, lag)] += weight
         self.total += lag * weight
         if self.histogram is not None:

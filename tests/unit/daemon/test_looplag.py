@@ -85,3 +85,24 @@ async def test_quantiles_weigh_time_not_ticks() -> None:
         assert lag.now() > 0.01  # the moving average follows the lag
     finally:
         lag.stop()
+
+
+async def test_a_stall_caught_after_a_long_step_moves_the_average_as_after_a_fixed_step() -> None:
+    """The moving average takes the skipped samples as quiet: a 30 ms sample after a 100 ms
+    step leaves it where nine quiet 10 ms samples and then the late one would."""
+    clock = FakeClock(0.0)
+    slow = LoopLag(interval=0.01, clock=clock)
+    fixed = LoopLag(interval=0.01, clock=clock)
+    slow.start()
+    try:
+        while slow.step < SLOW:
+            _run_tick(slow, clock, 0.0)
+        slow.average = fixed.average = 0.004  # where an earlier lag left both
+        slow.observe(0.03, 10)
+        for _ in range(9):
+            fixed.observe(0.0)
+        fixed.observe(0.03)
+        assert slow.average == pytest.approx(fixed.average)
+        assert slow.average < 0.004 + 0.03 * 0.1  # one sample's share, not ten
+    finally:
+        slow.stop()
