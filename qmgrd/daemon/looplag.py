@@ -6,11 +6,14 @@ Contract
 on the running loop); each time it runs, the difference between when it ran
 and when it was due is one sample. The lag is what every other callback on
 the loop waits too: an SMTP reply, a delivery's next step, the control
-socket's answer. The step between samples is ``interval`` while the loop
-lags (a sample of ``QUIET`` or more); while it keeps up, each step doubles,
-up to ``slow`` (default ``SLOW``, 100 ms): a timer every 10 ms woke an idle
-process 100 times a second (measured: 9-10 ms of CPU a second per idle
-listener worker, 11-12 in the queue manager; 1.3-3.3 at 100 ms). A sample
+socket's answer. The step between samples is ``interval``; while the owner
+says the loop is idle (``idle()``, e.g. a listener worker with no session:
+``qmgrd.daemon.smtpd``) and the samples show it keeps up (under ``QUIET``),
+each step doubles, up to ``slow`` (default ``SLOW``, 100 ms): a timer every
+10 ms woke an idle process 100 times a second (measured: 9-10 ms of CPU a
+second per idle listener worker, 1.3-3.3 at 100 ms). A loop with work (or
+without ``idle``) is sampled every ``interval``, as the regulator's windows
+need (``qmgrd.core.sessioncap``: a window's worst lag). A sample
 taken after a step of ``k`` intervals stands for the ``k`` samples the fixed
 step would have taken (the histogram, buckets and quantiles count it ``k``
 times), so the figures keep weighing time, not ticks; the moving average
@@ -84,6 +87,7 @@ class LoopLag:
         "average",
         "buckets",
         "histogram",
+        "idle",
         "interval",
         "last",
         "samples",
@@ -97,12 +101,14 @@ class LoopLag:
         interval: float = 0.01,
         *,
         slow: float = SLOW,
+        idle: Callable[[], bool] | None = None,
         registry: CollectorRegistry | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Sample every ``interval`` seconds while the loop lags, up to every ``slow`` while it
+        """Sample every ``interval`` seconds, up to every ``slow`` while ``idle()`` and the loop
         keeps up (module doc); export the histogram in ``registry`` if given."""
         self.interval = interval
+        self.idle = idle  # the owner's "no work here now" (None: never slower)
         self.slow = max(slow, interval)
         self.step = interval  # seconds to the next sample
         self._clock = clock
@@ -120,7 +126,7 @@ class LoopLag:
             Histogram(
                 "qmgrd_event_loop_lag_seconds",
                 "How late the event loop ran a callback that was due (sampled every "
-                f"{interval * 1000:g} ms, every {self.slow * 1000:g} ms while it keeps up, each "
+                f"{interval * 1000:g} ms, up to every {self.slow * 1000:g} ms while idle, each "
                 "sample counted for the time it stands for): the wait every reply and delivery "
                 "step sees.",
                 buckets=LAG_BUCKETS,
@@ -154,8 +160,9 @@ class LoopLag:
                 break
             self.observe(missed)
             missed -= self.interval
-        # Keeping up: the next sample comes later (module doc); lagging: every interval.
-        self.step = min(self.step * 2, self.slow) if lag < QUIET else self.interval
+        # Idle and keeping up: the next sample comes later (module doc); else every interval.
+        idle = self.idle is not None and lag < QUIET and self.idle()
+        self.step = min(self.step * 2, self.slow) if idle else self.interval
         self._schedule()
 
     def observe(self, lag: float, weight: int = 1) -> None:
