@@ -224,8 +224,11 @@ def check_workload(work: Work, flow_of: Callable[[int], Flow] | None = None) -> 
             return
         entry = busy.pop(choice % len(busy))
         hop = ("4.4.1", "refused") if choice % 7 == 0 else None
+        last = sim.sched.completes_message(entry)  # the engine finishes the file early on it
+        assert entry.message.queue_id not in done_msgs
         sim.sched.entry_done(entry, hop_failure=hop, crashed=choice % 11 == 0, now=sim.now)
         account_events()
+        assert (entry.message.queue_id in done_msgs) == last, "completes_message was wrong"
 
     for action in script:
         if action < 20:
