@@ -22,7 +22,7 @@ finishes the message (``Scheduler.completes_message``) and its finish would
 only remove the file (every recipient done, no reason logged in this pass, no
 notice due, no operator's operation, no mark), the record's file job removes
 the file (``recycle.retire``, the finisher's step) instead of marking the
-recipients done in a file about to go: one file job and four system calls less
+recipients done in a file about to go: one file job and five system calls less
 per message. The table record moves to FINISHING at once (an operator's
 operation waits for the finish, as for any finishing message), and the
 finisher only reports (``removed``). If the removal fails, the job marks the
