@@ -10,7 +10,6 @@ from typing import Any, BinaryIO
 import pytest
 
 from qmgrd.core.resolve import Resolved, Resolver
-from qmgrd.daemon import outcomes
 from qmgrd.daemon.engine import Engine
 from qmgrd.daemon.notices import COMPOSE_MAX_THREADS, PoolBusy, ThreadPool
 from qmgrd.daemon.table import MessageState
@@ -19,6 +18,7 @@ from qmgrd.ops.operation import Operation
 from qmgrd.spool import QueueFile, loadread, records
 from tests.support.agents import FakeAgent, Verdict
 from tests.support.engine import create_test_engine as _engine
+from tests.support.engine import fail_early_removal
 from tests.support.engine import run_until_idle as _run_until_idle
 from tests.support.engine import stop_engine as _stop
 from tests.support.engine import submit as _submit
@@ -114,16 +114,6 @@ async def test_stop_is_prompt_while_a_composition_hangs(tmp_path: Path) -> None:
     assert spool.read_reasons("bounce", qid) != []
 
 
-def _early_removal_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The last delivery's file job cannot remove the file (``outcomes``): it marks the
-    recipients done instead and the finisher runs its own steps."""
-
-    def refuse(*_args: Any) -> bool:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(outcomes, "retire", refuse)
-
-
 async def _until(engine: Engine, predicate: Any) -> None:
     await asyncio.wait_for(engine.wait_until(predicate), TIMEOUT)
 
@@ -149,7 +139,7 @@ async def test_a_finish_that_raises_is_retried_and_others_flow(
         return real(msg, *args)
 
     monkeypatch.setattr(engine.finisher, "_complete", flaky)
-    _early_removal_fails(monkeypatch)  # the finisher's own steps run (and fail)
+    fail_early_removal(monkeypatch)  # the finisher's own steps run (and fail)
     first = _submit(spool, clock, "s@src.test", ["one@a.test"])
     task = asyncio.create_task(engine.run())
     await _until(engine, lambda: _state(engine, first) is MessageState.RETRY)
@@ -205,7 +195,7 @@ async def test_delete_of_a_message_whose_finish_fails_really_deletes_it(
         raise RuntimeError("finish bug")
 
     monkeypatch.setattr(engine.finisher, "_complete", broken)
-    _early_removal_fails(monkeypatch)
+    fail_early_removal(monkeypatch)
     qid = _submit(spool, clock, "s@src.test", ["r@a.test"])
     task = asyncio.create_task(engine.run())
     await _until(engine, lambda: _state(engine, qid) is MessageState.RETRY)
