@@ -222,7 +222,7 @@ class WorkerLoad(Collector):
         lag = HistogramMetricFamily(
             "qmgrd_smtpd_worker_event_loop_lag_seconds",
             "How late a listener worker's event loop ran a callback that was due "
-            "(sampled every 10 ms).",
+            "(sampled every 10 ms; up to every 100 ms while the worker has no session).",
             labels=("worker",),
         )
         bounds = [*(repr(float(b)) for b in LAG_BUCKETS), "+Inf"]  # "1.0", as Histogram's

@@ -30,6 +30,8 @@ qmgrd.daemon.smtpd -c DIR --channel FD --slot I --slots N --parent PID
   no answer within ``ANVIL_WAIT``: this process's own count, logged once);
 - reports its learned session cap and its loop lag's samples every
   ``ipc.LOAD_INTERVAL`` (``["load", ...]``: per-worker series in /metrics);
+  with no session live the lag is sampled up to every 100 ms instead of
+  every 10 ms (``qmgrd.daemon.looplag``: an idle worker wakes less);
 - runs fair admission's intake gate (``WorkerFlowGate``): MAIL FROM of a
   flow over ``qmgr_flow_backlog_limit`` gets ``452 4.3.2``, from the set of
   such flows the queue manager sends (``["over", keys]``) when it changes;
@@ -204,6 +206,8 @@ class Worker:
             self.regulator = WorkerRegulator(args.tokens, FlowSettings.from_config(cfg))
             self.regulator.sessions = lambda: self.intake.sessions
             self.intake.gate = self.regulator.gate
+            regulator = self.regulator  # no session: the loop lag is sampled less often
+            regulator.lag.idle = lambda: regulator.live() == 0
 
     def send(self, data: bytes) -> None:
         """Queue one message to the queue manager (dropped once the channel is closed)."""

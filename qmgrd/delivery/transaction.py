@@ -40,7 +40,8 @@ Content streaming: after 354 the content is read in chunks of up to
 one write), encoded by ``content.DataEncoder`` and written chunk by chunk with
 flow control (each wait for the transport at
 most ``smtp_data_xfer_timeout``); the last chunk goes out with the end of data
-in one write, and the final reply is awaited ``smtp_data_done_timeout``.
+in one ``writelines`` (one system call, no joined copy), and the final reply is
+awaited ``smtp_data_done_timeout``.
 """
 
 from __future__ import annotations
@@ -345,7 +346,8 @@ class Transaction:
                         await conn.drain(s.data_xfer_timeout)
                     held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
-            conn.write(held + tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b""))
+            end = tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b"")
+            conn.writelines((held, end))  # one system call, the chunk not copied to join it
             session.quit_sent = with_quit
             stage = "sending end of data -- message may be sent more than once"
             return await conn.read_reply(s.data_done_timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -15,11 +16,15 @@ class _Transport:
 
     def __init__(self) -> None:
         self.written: list[bytes] = []
+        self.lines: list[list[bytes]] = []  # writelines calls, their buffers unjoined
         self.paused = False
         self.aborted = False
 
     def write(self, data: bytes) -> None:
         self.written.append(data)
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self.lines.append(list(parts))
 
     def is_closing(self) -> bool:
         return self.aborted
@@ -95,3 +100,16 @@ async def test_command_writes_its_line_and_returns_the_reply() -> None:
     conn.data_received(b"250 2.0.0 reset\r\n")
     assert await conn.command(b"RSET\r\n", 1.0) == Reply(250, "2.0.0 reset")
     assert transport.written == [b"RSET\r\n"]
+
+
+async def test_writelines_hands_the_buffers_over_unjoined_then_fails_once_closed() -> None:
+    """``writelines`` passes its buffers to the transport in one call, as they are (no
+    joined copy); once the connection is lost it raises ConnectionError like ``write``."""
+    conn, transport = _connected()
+    body = b"x" * 100_000
+    conn.writelines((body, b".\r\n"))
+    assert transport.lines == [[body, b".\r\n"]] and transport.lines[0][0] is body
+    conn.connection_lost(None)
+    with pytest.raises(ConnectionError):
+        conn.writelines((b".\r\n",))
+    assert len(transport.lines) == 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import pytest
@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from qmgrd.delivery.agent import ContentSource, DeliveryRequest, Recipient
 from qmgrd.delivery.client import Reply
-from qmgrd.delivery.content import BytesContent, DataEncoder, encode_data
+from qmgrd.delivery.content import (
+    DOT_WALK,
+    BytesContent,
+    DataEncoder,
+    _crlf_only,
+    encode_data,
+)
 from qmgrd.delivery.mx import Endpoint
 from qmgrd.delivery.session import Session
 from qmgrd.delivery.settings import SmtpSettings
@@ -85,6 +91,54 @@ def test_chunked_encoding_equals_whole_message_encoding(message: bytes, cuts: li
     assert _chunked(message, cuts) == _reference(message)
 
 
+def _counted_crlf_only(data: bytes) -> bool:
+    """The encoder's former test: as many CRs as LFs, and as many CRLFs as either."""
+    lf = data.count(b"\n")
+    return lf == data.count(b"\r") and (not lf or lf == data.count(b"\r\n"))
+
+
+@given(st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"a", b"\x0b", b"\x0c", b"\x1c", b"\x85"])))
+def test_crlf_only_agrees_with_counting(parts: list[bytes]) -> None:
+    """The splitlines check says "CRLF only" exactly when the counts do (CR, LF, the
+    breaks str.splitlines knows but bytes.splitlines does not)."""
+    data = b"".join(parts)
+    assert _crlf_only(data) == _counted_crlf_only(data)
+
+
+_LINES = st.lists(
+    st.text(alphabet="a.X", max_size=12).map(str.encode),
+    max_size=60,
+)
+
+
+@given(
+    _LINES,
+    st.lists(st.sampled_from([b"\r\n", b"\n", b"\r", b"\n\r"]), min_size=1, max_size=60),
+    st.lists(st.integers(min_value=0, max_value=2000), max_size=6),
+)
+def test_chunked_encoding_of_dotty_lines(
+    lines: list[bytes], ends: list[bytes], cuts: list[int]
+) -> None:
+    """Lines full of dots (more than DOT_WALK per chunk, at line starts and inside lines),
+    mostly CRLF: any chunking gives exactly the whole-message reference encoding."""
+    message = b"".join(line + ends[i % len(ends)] for i, line in enumerate(lines))
+    assert _chunked(message, cuts) == _reference(message)
+
+
+@pytest.mark.parametrize("before", [0, DOT_WALK - 1, DOT_WALK, DOT_WALK + 1, 3 * DOT_WALK])
+def test_a_line_start_dot_after_many_inner_dots_is_stuffed(before: int) -> None:
+    """The dot walk gives up after DOT_WALK dots: a line-start dot after more is still stuffed."""
+    head = b"a.b " * before
+    assert DataEncoder().feed(head + b"\r\n.x\r\n") == head + b"\r\n..x\r\n"
+
+
+@pytest.mark.parametrize("dots", [0, 1, DOT_WALK, DOT_WALK + 1, 200])
+def test_dots_inside_lines_are_left_alone(dots: int) -> None:
+    """Dots that start no line (none after an LF) go out as they came."""
+    chunk = b"x" + b"a.b\r\nc" * dots + b"\r\n"
+    assert DataEncoder().feed(chunk) == chunk
+
+
 async def test_bytes_content_chunks() -> None:
     """BytesContent yields its bytes in order in chunks of the requested size."""
     content = BytesContent(b"abcdefg")
@@ -100,6 +154,9 @@ class _Connection:
 
     def write(self, data: bytes) -> None:
         self.writes.append(data)
+
+    def writelines(self, parts: Iterable[bytes]) -> None:
+        self.writes.append(b"".join(parts))  # one call: one write
 
     async def drain(self, timeout: float) -> None:
         return None

@@ -22,6 +22,7 @@ from qmgrd.spool import (
     mark_forced_expire,
 )
 from qmgrd.spool.loadread import load_queue_file
+from qmgrd.spool.records import open_regular_stat
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def _commit(spool: Spool, rcpts: int, content: bytes) -> Path:
     return spool.path("incoming", spool.commit(env, content))
 
 
-@pytest.mark.parametrize("size", [10, 40_000, 70_000, 300_000])
+@pytest.mark.parametrize("size", [10, 40_000, 70_000, 200_000, 300_000])
 @pytest.mark.parametrize("limit", [1, 3, 50])
 def test_one_read_equals_the_separate_reads(spool: Spool, size: int, limit: int) -> None:
     """Envelope, first recipients (done ones skipped), resume offset and content are what
@@ -113,3 +114,23 @@ async def test_held_content_is_sent_without_reading_the_file(spool: Spool) -> No
     path.unlink()
     assert [c async for c in content.chunks(4)] == [b"0123", b"4567", b"89"]
     assert content.read() == b"0123456789"
+
+
+def test_a_file_that_grew_since_the_fstat_is_read_as_a_big_one(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one pread asks for the stat size + 1: more bytes than the stat said are not
+    parsed as the whole file; the buffered path reads it by its stat size."""
+    path = _commit(spool, 2, b"x\r\n" * 100)
+    want = load_queue_file(path, 10, 100_000)
+
+    def grows(path: Path, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
+        fd, st = open_regular_stat(path, flags, mode)
+        with open(path, "ab") as f:
+            f.write(b"junk")
+        return fd, st
+
+    monkeypatch.setattr(loadread, "open_regular_stat", grows)
+    got = load_queue_file(path, 10, 100_000)
+    assert (got.qf, got.recipients, got.next_offset) == (want.qf, want.recipients, 0)
+    assert got.content is None and want.content == b"x\r\n" * 100
