@@ -45,6 +45,8 @@ Completion
     works, the entry goes back to its queue's TODO list (True: the engine records nothing for its
     recipients). False changes nothing: the caller goes on with ``entry_done(hop_failure=hop)``
     exactly as before (see "Learned destination limits" below).
+    ``completes_message(entry) -> bool``: True when ``entry_done`` of this BUSY entry will report
+    its message done (its last live entry, nothing left to read; a hop failure may end it too).
     ``transport_failed(name, dsn, reason, now, entry=None)``: the agent could not run at all; the
     transport is dead for ``transport_retry_time`` and its TODO entries are deferred (``entry``, if
     given, is the selected entry that could not be sent; it is deferred with them).
@@ -636,6 +638,15 @@ class Scheduler:
         if transport.rate_locked:
             self._rate_unlock(transport, now)
         self._entry_done(entry, busy=True, now=now)
+
+    def completes_message(self, entry: Entry) -> bool:
+        """Whether ``entry_done(entry, ...)`` now reports its message done (``MessageDone``):
+        the BUSY ``entry`` is the message's last live entry and no recipient is left to read.
+        True holds whatever the outcome (sent, deferred, crashed), so the engine may finish the
+        message's file with the entry's own file work. False may still end the message: a
+        hop failure that kills the destination defers the message's other entries at once."""
+        message = entry.message
+        return entry.state is EntryState.BUSY and message.refcount == 1 and not message.more
 
     def entry_throttled(
         self,

@@ -172,8 +172,10 @@ class Dispatcher:
             )
             ctx.kick()
             return
+        # The message's last entry: its record's file job may remove the file (outcomes).
+        last = ctx.table.find(msg.queue_id) if ctx.scheduler.completes_message(entry) else None
         try:
-            await self.recorder.record(msg, result, now)
+            await self.recorder.record(msg, result, now, last)
             self.recorder.log_results(msg, entry, result, started, now)
         finally:
             # Exactly once, even if recording failed: the message must be able to finish.

@@ -337,5 +337,6 @@ class Engine(EngineControl):
             self.ctx,
             now,
             finish=self.finisher.finish,
+            retired=self.finisher.retired,
             defer_unattempted=self.recorder.defer_unattempted,
         )

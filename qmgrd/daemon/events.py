@@ -2,11 +2,13 @@
 
 Contract
 --------
-``apply_events(ctx, now, finish=..., defer_unattempted=...)`` drains
+``apply_events(ctx, now, finish=..., retired=..., defer_unattempted=...)`` drains
 ``scheduler.pop_events()`` once, on the loop, in order:
 
 - ``MessageDone``: the message (IN_CORE in the table) moves to FINISHING and
-  ``finish(record)`` is spawned (``qmgrd.daemon.finishing``);
+  ``finish(record)`` is spawned (``qmgrd.daemon.finishing``); a message whose
+  last delivery's file job removed its file already (FINISHING since that job,
+  ``qmgrd.daemon.outcomes``) is only reported: ``retired(record)``, no task;
 - ``RecipientsDeferred``: recipients at a destination that died get their
   defer reason and log line (``Recorder.defer_unattempted``);
 - ``DestinationDead``: also handed to the destination gate (cluster: shared);
@@ -46,6 +48,7 @@ def apply_events(
     now: float,
     *,
     finish: Callable[[Tracked], Coroutine[Any, Any, None]],
+    retired: Callable[[Tracked], None],
     defer_unattempted: DeferUnattempted,
 ) -> None:
     """Act on every pending scheduler event (see the module doc)."""
@@ -55,8 +58,13 @@ def apply_events(
             record = ctx.table.find(event.message.queue_id)
             if record is None:
                 raise InvariantError(f"{event.message.queue_id}: done but not in the table")
-            ctx.table.move(record, MessageState.FINISHING)
-            ctx.spawn(finish(record))
+            msg = active_of(event.message)
+            if not msg.early:  # else FINISHING since its last delivery's file job
+                ctx.table.move(record, MessageState.FINISHING)
+            if msg.retired:
+                retired(record)
+            else:
+                ctx.spawn(finish(record))
         elif isinstance(event, RecipientsDeferred):
             msg = active_of(event.message)
             defer_unattempted(msg, event.recipients, event.status, event.reason, now)

@@ -3,7 +3,9 @@
 Contract (Postfix's ``qmgr_message_free`` path, ``qmgr_active_done`` and notes §9)
 -----------------------------------------------------------------------------------
 ``finish(record)`` runs once the scheduler reports the message done (every
-entry completed and recorded). In order:
+entry completed and recorded); ``retired(record)`` instead when the last
+delivery's file job removed the file already (``qmgrd.daemon.outcomes``: step 5's
+removal was all there was to do), which only reports it (``removed``). In order:
 
 1. defer reasons still pending go to ``defer/``;
 2. a file found unreadable mid-pass goes to ``corrupt/``; a message the
@@ -143,6 +145,14 @@ class Finisher:
             self._failed(record, exc, now)
             return
         self._report(record, plan, ids, now)
+
+    def retired(self, record: Tracked) -> None:
+        """Report ``record`` removed: its last delivery's file job removed the file already
+        (``qmgrd.daemon.outcomes``, the finish's only step for such a message)."""
+        msg = record.active
+        if msg is None or not msg.retired or record.state is not MessageState.FINISHING:
+            raise InvariantError(f"{record.queue_id}: reported retired while {record.state.value}")
+        self._report(record, _Plan(FinishAction.REMOVED), [], self.ctx.clock.now())
 
     # ------------------------------------------------------------------ file jobs
 

@@ -165,6 +165,7 @@ class Metrics:
         )
         # (transport, status) -> the deliveries counter's and delay histogram's labelled series
         self._outcome_children: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
+        self._attempt_children: dict[str, Histogram] = {}  # transport -> its attempt series
         self.intake: IntakeObserver = IntakeMetrics(self.registry)
         self._state = _StateCollector(self)
         self.registry.register(self._state)
@@ -201,7 +202,12 @@ class Metrics:
 
     def record_attempt(self, transport: str, seconds: float) -> None:
         """One delivery request handed to an agent took ``seconds``."""
-        self.attempt.labels(transport).observe(max(seconds, 0.0))
+        child = self._attempt_children.get(transport)
+        if child is None:
+            if len(self._attempt_children) >= _CHILDREN_LIMIT:
+                self._attempt_children.clear()
+            child = self._attempt_children[transport] = self.attempt.labels(transport)
+        child.observe(max(seconds, 0.0))
 
     # ------------------------------------------------------------------ exposition
 

@@ -12,7 +12,8 @@ WAITING        found in ``incoming/`` or due in ``deferred/``; not loaded yet
 LOADING        being moved to ``active/`` and parsed (one file job in flight)
 IN_CORE        registered with the scheduler; deliveries may run
 FINISHING      the scheduler reported it done; its finish (notices, then
-               remove / defer / expire / the operator's operation) runs
+               remove / defer / expire / the operator's operation) runs;
+               or its last delivery's file job removes it (``outcomes``)
 RETRY          a finish failed (disk full, a bug in one step); the file stays
                in ``active/`` and the finish runs again at ``retry_at``
 =============  ==============================================================
@@ -115,6 +116,11 @@ class ActiveMessage:
     # The content, read by the load's own job (small messages, within CONTENT_HELD):
     # deliveries send it without reading the file again. Dropped when the pass ends.
     content: bytes | None = None
+    # Its last delivery's file job removes its file if it can (``Recorder.record``): the
+    # record is FINISHING from then on (early), and once the file is gone (retired) the
+    # finish only reports it removed.
+    early: bool = False
+    retired: bool = False
 
 
 @dataclass(slots=True, eq=False)

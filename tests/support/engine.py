@@ -7,6 +7,9 @@ fsync, and hands ``agent`` both the ``smtp`` and the ``relay`` transports.
 ``submit`` commits a message to ``incoming/`` as the listener would (no
 wake-up: the engine finds it at its start-up scan). ``run_until_idle`` starts
 the engine and waits (bounded) until it is idle; ``stop_engine`` stops it.
+``fail_early_removal(monkeypatch)``: the last delivery's file job cannot remove the
+finished file (``qmgrd.daemon.outcomes``), so it marks the recipients done and the
+finisher runs its own steps.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from qmgrd.config import load_config
+from qmgrd.daemon import outcomes
 from qmgrd.daemon.assemble import create_engine
 from qmgrd.daemon.engine import Engine
 from qmgrd.delivery.agent import Agent
@@ -60,3 +66,12 @@ async def stop_engine(engine: Engine, task: asyncio.Task[None], timeout: float =
     """Stop the engine and wait (bounded) for its task to end."""
     engine.stop()
     await asyncio.wait_for(task, timeout)
+
+
+def fail_early_removal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last delivery's early removal fails with EIO (see the module doc)."""
+
+    def refuse(*_args: object) -> bool:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(outcomes, "retire", refuse)

@@ -224,8 +224,15 @@ def check_workload(work: Work, flow_of: Callable[[int], Flow] | None = None) -> 
             return
         entry = busy.pop(choice % len(busy))
         hop = ("4.4.1", "refused") if choice % 7 == 0 else None
+        last = sim.sched.completes_message(entry)  # the engine finishes the file early on it
+        assert entry.message.queue_id not in done_msgs
         sim.sched.entry_done(entry, hop_failure=hop, crashed=choice % 11 == 0, now=sim.now)
         account_events()
+        done = entry.message.queue_id in done_msgs
+        assert done or not last, "completes_message promised a MessageDone"
+        # A hop failure that kills the destination may defer the message's other entries in
+        # the same call: done without the promise. Otherwise the promise is exact.
+        assert done == last or hop is not None, "completes_message missed a MessageDone"
 
     for action in script:
         if action < 20:

@@ -18,6 +18,7 @@ from qmgrd.ops.operation import Operation
 from qmgrd.spool import QueueFile, loadread, records
 from tests.support.agents import FakeAgent, Verdict
 from tests.support.engine import create_test_engine as _engine
+from tests.support.engine import fail_early_removal
 from tests.support.engine import run_until_idle as _run_until_idle
 from tests.support.engine import stop_engine as _stop
 from tests.support.engine import submit as _submit
@@ -138,6 +139,7 @@ async def test_a_finish_that_raises_is_retried_and_others_flow(
         return real(msg, *args)
 
     monkeypatch.setattr(engine.finisher, "_complete", flaky)
+    fail_early_removal(monkeypatch)  # the finisher's own steps run (and fail)
     first = _submit(spool, clock, "s@src.test", ["one@a.test"])
     task = asyncio.create_task(engine.run())
     await _until(engine, lambda: _state(engine, first) is MessageState.RETRY)
@@ -193,6 +195,7 @@ async def test_delete_of_a_message_whose_finish_fails_really_deletes_it(
         raise RuntimeError("finish bug")
 
     monkeypatch.setattr(engine.finisher, "_complete", broken)
+    fail_early_removal(monkeypatch)
     qid = _submit(spool, clock, "s@src.test", ["r@a.test"])
     task = asyncio.create_task(engine.run())
     await _until(engine, lambda: _state(engine, qid) is MessageState.RETRY)
