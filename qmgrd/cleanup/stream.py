@@ -28,6 +28,17 @@ import enum
 
 from qmgrd.cleanup.headers import header_name_length, line_ending
 
+_WINDOW = 16384  # a view in the header section is read as bytes this much at a time
+
+
+def _line_end(view: memoryview, at: int) -> int:
+    """Where the line starting at ``at`` in ``view`` ends (after its LF), or the view's end."""
+    for start in range(at, len(view), _WINDOW):
+        nl = bytes(view[start : start + _WINDOW]).find(b"\n")
+        if nl >= 0:
+            return start + nl + 1
+    return len(view)
+
 
 class _State(enum.Enum):
     START = "start"
@@ -105,23 +116,60 @@ class HeaderStream:
         """Process a chunk; the bytes to write now (possibly empty).
 
         In the body, ``data`` itself is returned (no copy: a 100 KB message's
-        body passes through untouched).
+        body passes through untouched). ``feed_parts`` does not join the header
+        section's bytes with the body's that follow them in the same chunk.
+        """
+        head, body = self.feed_parts(data)
+        if not head:
+            return bytes(body)  # ``data`` itself in the body (bytes(b) is b)
+        return head + body if body else head
+
+    def feed_parts(self, data: bytes | memoryview) -> tuple[bytes, bytes | memoryview]:
+        """Process a chunk: (header bytes to write now, then body bytes to write as given).
+
+        Written one after the other they are what ``feed`` returns; the body's
+        part is ``data`` itself or a view of it (never copied). A view (the
+        listener's last chunk of a message) is read as bytes ``_WINDOW`` bytes at
+        a time while the header section lasts: its body is not copied either.
         """
         if self._state is _State.BODY:
-            return data
+            return b"", data
+        if isinstance(data, bytes):
+            return self._feed_bytes(data)
+        out = bytearray()
+        at = 0
+        while at < len(data):  # bounded: every round takes at least one byte
+            # The first line is read whole, as one bytes chunk shows it: its ending decides ours.
+            end = _line_end(data, at) if self._state is _State.START else at + _WINDOW
+            window = bytes(data[at:end])
+            head, body = self._feed_bytes(window)
+            out += head
+            if not self.in_headers:  # the rest is a view of ``data`` (no copy)
+                return bytes(out), data[at + len(window) - len(body) :]
+            at += len(window)
+        return bytes(out), b""
+
+    def _feed_bytes(self, raw: bytes) -> tuple[bytes, bytes | memoryview]:
+        """``feed_parts`` for a chunk that is ``bytes`` and starts in the header section."""
         out = bytearray()
         if self._state is _State.START:
             # the line ending of the first line decides ours: wait for it (bounded)
-            self._head += data
-            if b"\n" not in self._head and len(self._head) <= self.limit:
-                return b""
-            data = bytes(self._head)
-            self._head.clear()
-            self._start(data, out)
-        return self._feed_started(data, out)
+            if self._head:  # the first line so far: this chunk continues it
+                self._head += raw
+                raw = bytes(self._head)
+                self._head.clear()
+            if b"\n" not in raw and len(raw) <= self.limit:
+                self._head += raw
+                return b"", b""
+            self._start(raw, out)
+        pos = self._feed_started(raw, out)
+        return bytes(out), memoryview(raw)[pos:] if pos < len(raw) else b""
 
-    def _feed_started(self, data: bytes, out: bytearray) -> bytes:
-        """Headers line by line into ``out``; the body's bytes after them in one copy."""
+    def _feed_started(self, data: bytes, out: bytearray) -> int:
+        """Headers line by line into ``out``; where the body starts in ``data`` (or its length).
+
+        The bytes from there on are the body's, to be written as they are.
+        """
         pos, end = 0, len(data)
         limit = self.limit
         while pos < end and self._state is _State.HEADERS:
@@ -142,9 +190,7 @@ class HeaderStream:
                 self._partial_drop = False
                 self._partial_kind = None
                 self._line(line, truncated, out)
-        if pos < end and self._state is _State.BODY:
-            return b"".join((out, memoryview(data)[pos:]))
-        return bytes(out)
+        return pos
 
     def finish(self) -> bytes:
         """End of message: the remaining bytes to write."""
@@ -153,7 +199,7 @@ class HeaderStream:
             data = bytes(self._head)
             self._head.clear()
             self._start(data, out)
-            out += self._feed_started(data, bytearray())
+            out += memoryview(data)[self._feed_started(data, out) :]
         if self._state is _State.HEADERS:
             if self._partial:
                 line, truncated = bytes(self._partial), self._partial_drop
@@ -186,7 +232,8 @@ class HeaderStream:
             self._partial += piece
             return
         # Too long to hold: decide now what this line is.
-        probe = bytes(self._partial) + piece[: max(0, limit)]
+        # The line's first ``limit`` bytes, wherever the chunks cut it (a whole line: the same).
+        probe = (bytes(self._partial) + piece[: max(0, limit)])[: max(0, limit)]
         continuation = probe[:1] in (b" ", b"\t") and bool(self._cur)
         if continuation or header_name_length(probe) > 0:
             room = max(0, limit - len(self._partial))

@@ -9,6 +9,8 @@ asyncio APIs only and without carrying plaintext across the TLS boundary:
   client that sends faster than we handle is held back by TCP. Chunks are
   kept as the transport delivered them: a read that takes a whole chunk
   returns that very object (no copy; DATA's 100 KB pass through untouched);
+  small chunks (pipelined commands) that fit are joined into one read, a
+  chunk of ``_WHOLE`` bytes or more is always read alone (never copied);
 - ``write`` / ``drain`` follow the transport's write flow control;
 - ``start_tls(ctx)`` (server side, ``loop.start_tls``) returns a NEW channel
   on the TLS transport. Bytes the client sent before the handshake stay in
@@ -27,6 +29,8 @@ from collections import deque
 from typing import Any, cast
 
 from qmgrd.flowcontrol import WriteFlow
+
+_WHOLE = 4096  # a chunk this big is read on its own: joining it would copy it
 
 
 class Channel(asyncio.Protocol):
@@ -127,7 +131,10 @@ class Channel(asyncio.Protocol):
         return data
 
     def _take(self, n: int) -> bytes:
-        """At most ``n`` buffered bytes: whole chunks as they are, joined only if several fit."""
+        """At most ``n`` buffered bytes: whole chunks as they are, small ones joined if they fit.
+
+        A chunk of ``_WHOLE`` bytes or more (DATA's) is never joined with another.
+        """
         chunks = self._chunks
         first = chunks[0]
         if len(first) > n:  # split: the rest stays first
@@ -135,12 +142,12 @@ class Channel(asyncio.Protocol):
             self._size -= n
             return first[:n]
         chunks.popleft()
-        if not chunks or len(first) + len(chunks[0]) > n:
+        if not chunks or len(first) >= _WHOLE or len(first) + len(chunks[0]) > n:
             self._size -= len(first)
             return first
         parts = [first]
         taken = len(first)
-        while chunks and taken + len(chunks[0]) <= n:
+        while chunks and len(chunks[0]) < _WHOLE and taken + len(chunks[0]) <= n:
             part = chunks.popleft()
             parts.append(part)
             taken += len(part)

@@ -31,10 +31,11 @@ The reader is in one of three framing modes:
     CRLF at the end of a chunk, since it may start the end marker; the last
     two bytes handed out are kept to see a CRLF "." across chunks.
     ``DataEnd(size)`` follows, and bytes after the marker are read as
-    commands again. Each received chunk is scanned once (``_scan``: one
-    ``find`` per CRLF "."); a chunk without a stuffed dot or the marker,
-    that does not start a line with ".", is handed on as the very object
-    received (the middle of a 100 KB message is not copied here). Nothing
+    commands again. Each received chunk is scanned once (``dotscan.scan_data``:
+    memchr for a "." or ``find`` of CRLF "."); a chunk without a stuffed
+    dot or the marker, that does not start a line with ".", is handed on as
+    the very object received, and the content before the marker as a view
+    of its chunk (a 100 KB message is not copied here). Nothing
     here limits the size: the caller counts and stops storing
     (``message_size_limit``).
 ``AUTH``
@@ -60,6 +61,7 @@ import enum
 from dataclasses import dataclass
 
 from qmgrd.errors import InvariantError
+from qmgrd.listener.dotscan import scan_data
 
 COMMAND_LIMIT = 4096  # room for ORCPT/ENVID (RFC 3461 §5: up to 500 extra octets)
 AUTH_LINE_LIMIT = 12288  # RFC 4954 §4
@@ -87,9 +89,9 @@ class AuthLine:
 
 @dataclass(frozen=True, slots=True)
 class Content:
-    """Message bytes, already dot-unstuffed (possibly empty)."""
+    """Message bytes, already dot-unstuffed (possibly empty); a view where no copy was needed."""
 
-    data: bytes
+    data: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +253,7 @@ class ServerProtocol:
         else:  # the common case: the chunk alone, handed on as it is
             stream = chunk
             skip = 0
-        out, held_from, end = _scan(stream, skip)
+        out, held_from, end = scan_data(stream, skip)
         self._size += len(out)
         if end >= 0:
             self._buf[:] = stream[end:]
@@ -264,40 +266,6 @@ class ServerProtocol:
             stream[held_from - 2 : held_from]
         )
         return Content(out) if out else None  # nothing new: wait for more
-
-
-def _scan(stream: bytes, skip: int) -> tuple[bytes, int, int]:
-    """One pass over DATA bytes: (content, where held-back bytes start, after-marker).
-
-    ``stream`` starts with ``skip`` bytes already handed out (or the CRLF the
-    start of DATA counts as following), kept only so that a CRLF "." across
-    the boundary is seen. Every CRLF "." is found with one ``find`` per
-    occurrence: followed by CRLF it is the end marker (the third value is
-    the offset after it, else -1); followed by nothing yet or a lone CR it
-    may still become one, so the "." and what follows are held back (the
-    second value); otherwise the "." is dropped (dot-unstuffing). Without a
-    stuffed dot, a marker or a skip, the content is ``stream`` itself: no copy.
-    """
-    pieces: list[bytes] = []
-    start = skip  # content not yet taken starts here
-    pos = 0
-    while True:
-        i = stream.find(b"\r\n.", pos)
-        if i < 0:
-            break
-        after = stream[i + 3 : i + 5]
-        if after == b"\r\n":  # the end marker
-            pieces.append(stream[start : i + 2])
-            return b"".join(pieces), i + 2, i + 5
-        if after in (b"", b"\r"):  # may still become the marker: wait for more
-            pieces.append(stream[start : i + 2])
-            return b"".join(pieces), i + 2, -1
-        pieces.append(stream[start : i + 2])  # a stuffed dot: drop it
-        start = pos = i + 3
-    if not pieces and start == 0:
-        return stream, len(stream), -1
-    pieces.append(stream[start:])
-    return b"".join(pieces), len(stream), -1
 
 
 # -- the dialogue ----------------------------------------------------------------------

@@ -168,11 +168,18 @@ class TransactionIO:
                 too_big = True
                 await self.disk(txn.file.discard)  # keep reading, store nothing more
                 continue
-            self._store(txn, cleanup.feed(event.data) if cleanup is not None else event.data)
+            if cleanup is None:
+                self._store(txn, event.data)
+            else:  # the header section's bytes, then the body's as received (no join)
+                head, body = cleanup.feed_parts(event.data)
+                if head:
+                    self._store(txn, head)
+                if body:
+                    self._store(txn, body)
             await self.write_out(txn)
 
     @staticmethod
-    def _store(txn: Transaction, data: bytes) -> None:
+    def _store(txn: Transaction, data: bytes | memoryview) -> None:
         """Append content, unless cleanup already refused the message (it cannot change)."""
         if txn.cleanup is None or txn.cleanup.outcome.disposition is not Disposition.REJECT:
             txn.file.add_content(data)

@@ -146,7 +146,7 @@ class QueueFileWriter:
         self._buf = bytearray(_SIZE_RECORD_LEN)  # the C placeholder, rewritten at commit
         self._buf += head.encode()
         self._rcpt_at = len(self._buf)  # where the recipient records start
-        self._parts: list[bytes] = []  # content chunks after _buf, kept as given (no copy)
+        self._parts: list[bytes | memoryview] = []  # content chunks after _buf, as given (no copy)
         self._parts_size = 0
         self._flushed = 0  # bytes of the file already written (the buffer follows them)
         self._fd = -1
@@ -197,7 +197,7 @@ class QueueFileWriter:
         self._buf[self._rcpt_at : self._gap_at] = new
         self._gap_at = self._rcpt_at + len(new)
 
-    def add_content(self, data: bytes) -> None:
+    def add_content(self, data: bytes | memoryview) -> None:
         if self._gap_at < 0 or self._closed:
             raise InvariantError("add_content before begin_content or after the end")
         if self._parts or len(data) >= _SMALL:
