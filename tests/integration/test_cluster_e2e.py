@@ -226,7 +226,9 @@ async def test_shared_rate_limit_holds_over_two_periods(tmp_path: Path, redis: R
 @pytest.mark.slow
 async def test_local_rate_limit_is_per_node(tmp_path: Path) -> None:
     """``50/1s`` with ``local``: each node keeps the limit alone (each at most 50 a second,
-    within 5 %), so together they deliver faster than 50 a second."""
+    within 5 %), so together they deliver faster than 50 a second. (A shared limit would
+    hold them to ~52.5; 1.25x leaves room for nodes that start apart on a loaded machine:
+    1.5x failed once at 74.5 msg/s under a load of 15-30.)"""
     rate, per_node = 50, 50
     extra = f"default_destination_rate_limit = {rate}/1s\n"
     with structlog.testing.capture_logs():
@@ -234,7 +236,7 @@ async def test_local_rate_limit_is_per_node(tmp_path: Path) -> None:
             await run_three(tmp_path, sink, "local", extra, per_node=per_node)
     times = sorted(m.received_at for m in sink.messages)
     assert len(times) == 3 * per_node
-    assert _rate(times) > 1.5 * rate
+    assert _rate(times) > 1.25 * rate
     for node in range(3):
         mine = {f"r{i}@dst.test" for i in range(node * per_node, (node + 1) * per_node)}
         node_times = sorted(m.received_at for m in sink.messages if m.rcpt_tos[0] in mine)
