@@ -8,7 +8,6 @@ where the writer's docstring says otherwise; nothing keeps state.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import threading
 from collections.abc import Sequence
@@ -18,40 +17,6 @@ from qmgrd.spool.records import REC_DONE
 from qmgrd.spool.store import Spool
 
 COPY_CHUNK = 256 * 1024  # REDIRECT after a flush: content copied this much at a time
-
-
-def _gil_link() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    """libc's ``link`` called through ``ctypes.PyDLL``: the call keeps the GIL."""
-    try:
-        fn = ctypes.PyDLL(None, use_errno=True).link
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_char_p, ctypes.c_char_p)
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_GIL_LINK = _gil_link()
-
-
-def link(src: str, dst: str) -> None:
-    """``os.link(src, dst)`` without releasing the interpreter lock (same errors).
-
-    The group commit's hop links each file between its fsync and the directory
-    fsync, on a worker thread while the event loop is busy. ``os.link`` hands
-    the lock back for the call and must win it back from the loop afterwards:
-    a futex wait and wake and a context switch on both threads, for a system
-    call of microseconds (a directory entry in the page cache, no disk wait).
-    Keeping the lock costs the loop those microseconds instead. Falls back to
-    ``os.link`` where libc's ``link`` cannot be found.
-    """
-    fn = _GIL_LINK
-    if fn is None:
-        os.link(src, dst)
-        return
-    if fn(os.fsencode(src), os.fsencode(dst)) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), src, None, dst)
 
 
 def sync_directories(

@@ -52,12 +52,8 @@ _RENAME_NOREPLACE = 1
 
 
 def _renameat2() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    # PyDLL: the call keeps the interpreter lock. ``retire`` runs on a worker
-    # thread of the busy queue manager; a probe is a directory look-up in the page
-    # cache (microseconds, no disk wait), and a call that handed the lock back would
-    # pay a futex wait and wake and a context switch on both threads to win it back.
     try:
-        libc = ctypes.PyDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.renameat2
     except (OSError, AttributeError):
         return None

@@ -71,7 +71,6 @@ from collections.abc import Sequence
 from typing import cast
 
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import diskio  # diskio.link: looked up at each call (tests replace it)
 from qmgrd.spool.diskio import (
     _copy,
     _padding,
@@ -366,10 +365,10 @@ class QueueFileWriter:
         directory = f"{self._spool.root}/{self.target}"
         try:
             try:
-                diskio.link(temp, f"{directory}/{self.queue_id}")
+                os.link(temp, f"{directory}/{self.queue_id}")
             except FileExistsError:  # a salt collision with another process: a new name
                 self.queue_id = self._spool.new_queue_id()
-                diskio.link(temp, f"{directory}/{self.queue_id}")
+                os.link(temp, f"{directory}/{self.queue_id}")
         except OSError as exc:
             self.discard()
             with contextlib.suppress(OSError):

@@ -23,7 +23,7 @@ import aiosmtplib
 import pytest
 
 from qmgrd.daemon import outcomes
-from qmgrd.spool import QueueFile, diskio, recycle
+from qmgrd.spool import QueueFile, recycle
 from tests.integration.e2e import InProcessDaemon, message_bytes, running_daemon
 from tests.integration.sinks import SinkConfig, SinkServer, smtp_sink
 from tests.support.clock import FakeClock
@@ -47,8 +47,6 @@ class DiskFaults:
         self.changes = Changes()
         for name in names:
             monkeypatch.setattr(os, name, self._wrap(getattr(os, name)))
-        if "link" in names:  # the queue-file writer links through diskio.link
-            monkeypatch.setattr(diskio, "link", self._wrap(diskio.link))
 
     def _wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from qmgrd.errors import SpoolError
-from qmgrd.spool import QueueFile, RecipientSpec, Spool, diskio
+from qmgrd.spool import QueueFile, RecipientSpec, Spool
 from qmgrd.spool.commit import GroupCommitter, commit_writers
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
 
@@ -53,7 +53,7 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
 ) -> None:
     loop_thread = threading.get_ident()
     events: list[tuple[str, bool]] = []  # (what, on the loop thread)
-    real_fsync, real_link, real_writev = os.fsync, diskio.link, os.writev
+    real_fsync, real_link, real_writev = os.fsync, os.link, os.writev
 
     def fsync(fd: int) -> None:
         what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
@@ -69,7 +69,7 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
         return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    monkeypatch.setattr(diskio, "link", link)
+    monkeypatch.setattr(os, "link", link)
     monkeypatch.setattr(os, "writev", writev)
     runner = ThreadRunner()
     committer = GroupCommitter(spool, pool=runner)
@@ -194,18 +194,17 @@ async def test_the_hop_makes_only_fsyncs_and_links_the_loop_closes_and_unlinks(
     loop_thread = threading.get_ident()
     calls: list[tuple[str, bool]] = []  # (call, on the loop thread)
 
-    def spy(module: object, name: str) -> None:
-        real = getattr(module, name)
+    def spy(name: str) -> None:
+        real = getattr(os, name)
 
         def call(*args: object, **kwargs: object) -> object:
             calls.append((name, threading.get_ident() == loop_thread))
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(module, name, call)
+        monkeypatch.setattr(os, name, call)
 
     for name in ("fsync", "link", "unlink", "close", "open"):
-        spy(os, name)
-    spy(diskio, "link")  # the writer's link (keeps the interpreter lock)
+        spy(name)
     committer = GroupCommitter(spool, pool=ThreadRunner())
     first = await committer.commit_writer(_writer(spool, b"one\n"))
     second = await committer.commit_writer(_writer(spool, b"two\n"))

@@ -142,10 +142,3 @@ def test_other_errors_are_raised_as_os_errors(
     monkeypatch.setattr(poolslot._NOREPLACE, "fn", _failing(errno.EACCES))
     with pytest.raises(PermissionError):
         place(str(tmp_path / "done"), str(tmp_path), 0, SLOTS)
-
-
-def test_the_probes_keep_the_interpreter_lock() -> None:
-    """renameat2 is called through ctypes.PyDLL: a probe never hands the GIL to the loop."""
-    fn = poolslot._renameat2()
-    assert fn is not None  # Linux with glibc: the test machine has it
-    assert fn._flags_ & ctypes._FUNCFLAG_PYTHONAPI  # type: ignore[attr-defined]

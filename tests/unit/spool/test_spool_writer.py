@@ -7,7 +7,7 @@ import os
 import pytest
 
 from qmgrd.errors import InvariantError, SpoolError
-from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, diskio, read_content
+from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, read_content
 from qmgrd.spool.commit import commit_writers
 from qmgrd.spool.records import encode_queue_file
 from qmgrd.spool.recycle import Recycler
@@ -254,18 +254,18 @@ def test_hold_target_commits_straight_into_hold(
 ) -> None:
     """target = "hold": the file is linked into hold/ and never appears in incoming/."""
     seen: list[list[str]] = []
-    real_link = diskio.link
+    real_link = os.link
 
-    def link(src: str, dst: str) -> None:
+    def link(src: object, dst: object) -> None:
         seen.append(sorted(os.listdir(spool.root / "incoming")))
-        real_link(src, dst)
+        real_link(src, dst)  # type: ignore[arg-type]
 
     writer = QueueFileWriter(spool, HEAD)
     writer.add_recipient(RCPTS[0])
     writer.begin_content()
     writer.add_content(b"Subject: held\r\n\r\nx\r\n")
     writer.target = "hold"
-    monkeypatch.setattr(diskio, "link", link)
+    monkeypatch.setattr(os, "link", link)
     (qid,) = commit_writers(spool, [writer])
     monkeypatch.undo()
     assert isinstance(qid, str)
