@@ -187,7 +187,6 @@ class ProcessRegulator:
         self.cap = SessionCap(ceiling=settings.session_limit, lag_limit=settings.lag_limit)
         self.sessions: Callable[[], int] = lambda: 0  # live SMTP sessions (set by the owner)
         self._tick: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
 
     def configure(self, settings: FlowSettings) -> None:
         """Reload: new limits apply to the next check, the new delay to the next message."""
@@ -216,14 +215,12 @@ class ProcessRegulator:
     def _on_tick(self) -> None:
         self._refill()
         self.cap.update(self.lag.clock(), self.lag.take_worst(), self.live())
-        loop = self._loop or asyncio.get_running_loop()
-        self._tick = loop.call_later(REFILL_INTERVAL, self._on_tick)
+        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def start(self) -> None:
         """Begin sampling the loop's lag and the ticks on the running loop."""
         self.lag.start()
-        self._loop = asyncio.get_running_loop()
-        self._tick = self._loop.call_later(REFILL_INTERVAL, self._on_tick)
+        self._tick = asyncio.get_running_loop().call_later(REFILL_INTERVAL, self._on_tick)
 
     def stop(self) -> None:
         """Stop the ticks and the gate."""
@@ -283,10 +280,7 @@ class IntakeRegulator(ProcessRegulator):
         rule's ``moved`` counts them all (Postfix refills once per ``qmgr_loop`` pass)."""
         self._moved += 1
         if self._moved == 1:
-            loop = self._loop  # the ticks' loop (no getpid per pass: looked up at start)
-            if loop is None or loop.is_closed():
-                loop = asyncio.get_running_loop()
-            loop.call_soon(self._moved_refill)
+            asyncio.get_running_loop().call_soon(self._moved_refill)
 
     def _moved_refill(self) -> None:
         if not self.pipe.closed:  # not stopped meanwhile

@@ -37,9 +37,6 @@ class TaskSupervisor:
         self.deliveries: set[asyncio.Task[None]] = set()
         self._on_done = on_done
         self._on_bug = on_bug
-        # The loop the tasks run on, looked up once (on Python 3.11 every
-        # get_running_loop is a getpid system call; two spawns per message).
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def busy(self) -> bool:
@@ -48,10 +45,7 @@ class TaskSupervisor:
 
     def spawn(self, coro: Coroutine[Any, Any, None], *, delivery: bool = False) -> None:
         """Start ``coro`` as a supervised task."""
-        loop = self._loop
-        if loop is None or loop.is_closed():  # first spawn, or the engine runs again
-            loop = self._loop = asyncio.get_running_loop()
-        task = loop.create_task(coro)
+        task = asyncio.get_running_loop().create_task(coro)
         (self.deliveries if delivery else self.tasks).add(task)
         task.add_done_callback(self._done)
 

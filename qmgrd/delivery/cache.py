@@ -64,9 +64,6 @@ class ConnectionCache(Generic[S]):
     stats: CacheStats = field(default_factory=CacheStats)
     _slots: dict[Hashable, list[_Slot[S]]] = field(default_factory=dict)
     _closing: set[asyncio.Task[None]] = field(default_factory=set)
-    # The running loop, looked up once (on Python 3.11 every get_running_loop is a getpid
-    # system call, and a session is stored once per message); again after it closed.
-    _loop: asyncio.AbstractEventLoop | None = None
 
     def __len__(self) -> int:
         """Number of idle sessions held."""
@@ -79,12 +76,7 @@ class ConnectionCache(Generic[S]):
     def store(self, key: Hashable, session: S) -> None:
         """Keep an idle session under ``key`` until it is taken or its TTL passes."""
         slot: _Slot[S] = _Slot(key, session)
-        call_later = self.call_later
-        if call_later is None:
-            loop = self._loop
-            if loop is None or loop.is_closed():
-                loop = self._loop = asyncio.get_running_loop()
-            call_later = loop.call_later
+        call_later = self.call_later or asyncio.get_running_loop().call_later
         slot.handle = call_later(self.ttl, lambda: self._expire(slot))
         self._slots.setdefault(key, []).append(slot)
         self.stats.stored += 1
