@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
@@ -49,3 +51,53 @@ async def test_whole_chunks_are_handed_out_as_received() -> None:
     assert await chan.read(100, 1.0) == b"gh"
     chan.eof_received()
     assert await chan.read(100, 1.0) == b""
+
+
+async def test_a_later_read_outlives_an_earlier_reads_deadline() -> None:
+    """The one timer, armed for an earlier read, does not cut a later read short.
+
+    The first read's deadline passes while the second waits (its data comes
+    later, on the loop's own timer): the second read gets the data; the third,
+    with silence, times out no sooner than its own timeout after it began.
+    """
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    timeout = 0.2
+    first = loop.time()
+    loop.call_at(first + 0.1, chan.data_received, b"EHLO x\r\n")
+    assert await chan.read(100, timeout) == b"EHLO x\r\n"  # leaves its timer armed
+    second = loop.time()
+    assert second >= first + 0.1
+    loop.call_at(second + 0.15, chan.data_received, b"MAIL\r\n")  # after first + timeout
+    assert await chan.read(100, timeout) == b"MAIL\r\n"
+    assert loop.time() >= first + timeout
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await chan.read(100, timeout)
+    assert loop.time() >= began + timeout
+
+
+async def test_a_shorter_timeout_than_the_armed_timer_is_kept() -> None:
+    """A read with a shorter timeout than the timer already armed times out at its own."""
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(chan.data_received, b"x")
+    assert await chan.read(100, 300.0) == b"x"  # the timer now waits 300 s
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(chan.read(100, 0.05), 5.0)  # wait_for: fails the test, not hangs
+    assert began + 0.05 <= loop.time() < began + 5.0
+
+
+async def test_a_lost_connection_releases_the_channel() -> None:
+    """After the connection is lost nothing (no pending timer) keeps the channel alive."""
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(chan.data_received, b"x")
+    assert await chan.read(100, 300.0) == b"x"  # the timer stays armed for 300 s
+    chan.connection_lost(None)
+    assert await chan.read(100, 300.0) == b""
+    ref = weakref.ref(chan)
+    del chan
+    gc.collect()
+    assert ref() is None
