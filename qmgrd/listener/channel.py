@@ -18,8 +18,9 @@ asyncio APIs only and without carrying plaintext across the TLS boundary:
   is re-armed only when it fires before the current deadline (a read that
   ends before it fires leaves it armed), is dropped when it fires with no
   read waiting, and is cancelled when the connection is lost or handed to
-  TLS (nothing keeps a closed channel alive). A read still times out exactly
-  ``timeout`` seconds (loop time) after it began to wait;
+  TLS (nothing keeps a closed channel alive). A read still times out
+  ``timeout`` seconds (loop time) after it began to wait, to the loop's
+  timer resolution (``_TICK``: no re-arming for less);
 - ``write`` / ``drain`` follow the transport's write flow control;
 - ``start_tls(ctx)`` (server side, ``loop.start_tls``) returns a NEW channel
   on the TLS transport. Bytes the client sent before the handshake stay in
@@ -40,6 +41,7 @@ from typing import Any, cast
 from qmgrd.flowcontrol import WriteFlow
 
 _WHOLE = 4096  # a chunk this big is read on its own: joining it would copy it
+_TICK = 0.001  # seconds: the loop's timer resolution (uvloop's); closer to a deadline is at it
 
 
 class Channel(asyncio.Protocol):
@@ -235,7 +237,7 @@ class Channel(asyncio.Protocol):
         deadline = self._deadline
         if deadline is None:  # no read waits: the next one arms the timer again
             return
-        if loop.time() < deadline:  # armed for an earlier read
+        if loop.time() < deadline - _TICK:  # armed for an earlier read
             self._timer_at = deadline
             self._timer = loop.call_at(deadline, self._on_timer, loop)
             return
