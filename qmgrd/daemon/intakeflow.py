@@ -41,6 +41,10 @@ measured, not guessed; the relay is over capacity when either
   ``in_flow_lag_limit`` milliseconds (the loop is saturated: every more
   session slows every reply, every delivery and the control socket).
 
+The lag is sampled every 10 ms while anything is in flight; with no session
+live and the engine idle (nothing in core, the table or its tasks) the step
+grows to 100 ms (``LoopLag.idle``), as in an idle listener worker.
+
 Listener worker processes (``smtpd_worker_processes`` > 1) run a
 :class:`WorkerRegulator` each: they inherit the pipe's read end (every
 worker takes tokens from the same pipe, as every Postfix smtpd does), the
@@ -355,7 +359,8 @@ class FlowCollector(Collector):
 def intake_regulator(
     cfg: Config, engine: Engine, metrics: Metrics, pool: WorkPool
 ) -> IntakeRegulator:
-    """The daemon's regulator: wired to the engine's table and loader, metrics registered."""
+    """The daemon's regulator: wired to the engine's table and loader, metrics registered;
+    its loop lag is sampled less often while no session is live and the engine is idle."""
     table = engine.ctx.table
     regulator = IntakeRegulator(
         FlowSettings.from_config(cfg),
@@ -364,5 +369,8 @@ def intake_regulator(
         lag=LoopLag(registry=metrics.registry),
     )
     engine.ctx.incoming_moved = regulator.incoming_moved
+    # Nothing in flight (no session, nothing known to the engine): the lag is sampled less
+    # often (qmgrd.daemon.looplag; an idle queue manager woke 100 times a second).
+    regulator.lag.idle = lambda: regulator.live() == 0 and engine.idle
     metrics.registry.register(FlowCollector(regulator, pool))
     return regulator

@@ -16,13 +16,17 @@ from qmgrd.daemon.intakeflow import (
     IntakeRegulator,
     TokenPipe,
     WorkerRegulator,
+    intake_regulator,
     refill,
 )
 from qmgrd.daemon.looplag import LoopLag, quantile
+from qmgrd.daemon.metrics import Metrics
 from qmgrd.daemon.workpool import WorkPool
+from tests.support.agents import stalled_agent
 from tests.support.clock import FakeClock
 from tests.support.config import write_config
-from tests.support.waits import wait_until
+from tests.support.engine import create_test_engine, run_until_idle, stop_engine, submit
+from tests.support.waits import TIMEOUT, wait_until
 
 
 @pytest.mark.parametrize(
@@ -273,3 +277,34 @@ async def test_a_regulator_started_again_gets_a_fresh_full_pipe() -> None:
         assert reg.pipe.count() == 4 and await reg.gate.admit_message()
     finally:
         reg.stop()
+
+
+async def test_the_queue_managers_loop_lag_is_idle_only_with_nothing_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The queue manager's lag sampler slows down (``LoopLag.idle``) only while no session is
+    live and the engine holds nothing: a delivery in flight or a session keeps it every 10 ms."""
+    agent = stalled_agent()
+    engine, spool, clock = create_test_engine(tmp_path, agent)
+    cfg = load_config(write_config(tmp_path, ""), hostname="mx.test")
+    pool = WorkPool()
+    reg = intake_regulator(cfg, engine, Metrics(), pool)
+    idle = reg.lag.idle
+    assert idle is not None and idle()  # nothing yet
+    task = await run_until_idle(engine)
+    try:
+        assert idle()
+        reg.sessions = lambda: 1  # a live session (in-process listeners)
+        assert not idle()
+        reg.sessions = lambda: 0
+        submit(spool, clock, "a@example.org", ["b@example.net"])
+        engine.request_incoming_scan()
+        await agent.wait_started(1)
+        assert not idle()  # a delivery in flight
+        agent.release()
+        await asyncio.wait_for(engine.wait_idle(), TIMEOUT)
+        assert idle()
+    finally:
+        await stop_engine(engine, task)
+        reg.stop()
+        pool.close()
