@@ -81,8 +81,10 @@ class ListenerSettings:
     service: str = "smtp"  # master.cf service name (logs)
     cleanup: CleanupSettings | None = None  # header processing at DATA; None = store as sent
     # EHLO's reply lines by (STARTTLS offered, AUTH offered), built once (commands._greet).
+    # Not an init field: a copy made with dataclasses.replace (e.g. another
+    # message_size_limit) starts empty instead of sharing the original's lines.
     ehlo_replies: dict[tuple[bool, bool], tuple[tuple[str, ...], bytes]] = field(
-        default_factory=dict, compare=False, repr=False
+        default_factory=dict, init=False, compare=False, repr=False
     )
     # Answers of permits_relay / limit_exempt by client address (every session asks both;
     # the networks are fixed for these settings). Emptied at _MEMO_SIZE addresses.

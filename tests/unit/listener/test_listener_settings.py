@@ -107,3 +107,19 @@ def test_network_answers_are_remembered_per_settings_and_bounded() -> None:
         assert not s.permits_relay(f"2001:db8::{i:x}")
     assert len(s._relay_memo) <= settings_module._MEMO_SIZE
     assert s.permits_relay("127.0.0.1")
+
+
+def test_a_replaced_settings_object_builds_its_own_ehlo_lines() -> None:
+    """EHLO's lines are kept per settings object: a copy with another SIZE starts empty."""
+    s = ListenerSettings(
+        listen=(),
+        myhostname="mx.test",
+        mynetworks=(ipaddress.ip_network("127.0.0.0/8"),),
+        message_size_limit=1000,
+        smtpd_recipient_limit=10,
+        smtpd_timeout=300.0,
+    )
+    s.ehlo_replies[(False, False)] = (("250 SIZE 1000",), b"250 SIZE 1000\r\n")
+    other = dataclasses.replace(s, message_size_limit=2000)
+    assert other.ehlo_replies == {}
+    assert s.ehlo_replies
