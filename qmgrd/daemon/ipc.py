@@ -60,6 +60,7 @@ import contextlib
 import json
 from collections import Counter
 from collections.abc import Callable
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from qmgrd.daemon.looplag import LoopLag
@@ -90,14 +91,23 @@ LOAD_INTERVAL = 0.5  # seconds between a worker's load messages (session cap, lo
 INFLOW_COUNTS = ("paused", "timeout", "refused")  # a worker's TokenGate counters, in order
 
 
+# json.dumps with these separators, minus the encoder it builds on every call.
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+_quote = encode_basestring_ascii  # a JSON string, as json.dumps writes it (C)
+
+
 def encode(*fields: Any) -> bytes:
     """One message: a JSON array on one line."""
-    return json.dumps(fields, separators=(",", ":")).encode() + b"\n"
+    return _encode(fields).encode() + b"\n"
 
 
 def encode_commit(c: Committed) -> bytes:
-    """The ``c`` message of a commit."""
-    return encode("c", c.queue_id, c.sender, c.client_addr, c.sasl_user, c.recipients)
+    """The ``c`` message of a commit: ``encode``'s very line, written field by field."""
+    sasl = "null" if c.sasl_user is None else _quote(c.sasl_user)
+    return (
+        f'["c",{_quote(c.queue_id)},{_quote(c.sender)},{_quote(c.client_addr)},{sasl},'
+        f"{int(c.recipients)}]\n"
+    ).encode()
 
 
 _decode = json.JSONDecoder().decode  # json.loads minus its per-call checks (bytes: detection)

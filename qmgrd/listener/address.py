@@ -80,6 +80,11 @@ def parse_path(
 
 def _closing_bracket(text: str, close: str) -> int:
     """Index of the first ``close`` outside a quoted string (escapes honoured)."""
+    if '"' not in text:  # no quoted string: the first one (a backslash escapes only in quotes)
+        end = text.find(close)
+        if end < 0:
+            raise AddressError("missing closing bracket")
+        return end
     quoted = escaped = False
     for i, ch in enumerate(text):
         if escaped:
@@ -125,6 +130,8 @@ def _check_local(local: str) -> None:
         return
     if local.startswith(".") or local.endswith("."):
         raise AddressError("local part starts or ends with a dot")
+    if _ATEXT.issuperset(local):  # the common case, in one pass in C
+        return
     for ch in local:
         if ch in _ATEXT:
             continue
@@ -150,6 +157,8 @@ def _check_domain(domain: str) -> None:
     for label in domain.rstrip(".").split("."):
         if not label or label.startswith("-") or label.endswith("-"):
             raise AddressError("bad domain label")
+        if _LABEL.issuperset(label):  # the common case, in one pass in C
+            continue
         for ch in label:
             if ch in _LABEL:
                 continue

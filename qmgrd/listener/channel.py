@@ -11,6 +11,16 @@ asyncio APIs only and without carrying plaintext across the TLS boundary:
   returns that very object (no copy; DATA's 100 KB pass through untouched);
   small chunks (pipelined commands) that fit are joined into one read, a
   chunk of ``_WHOLE`` bytes or more is always read alone (never copied);
+- ``read(n, timeout)`` gives up after ``timeout`` seconds of waiting with
+  TimeoutError. Theory of operation: the channel keeps ONE timer for all
+  its reads (a read sets a new deadline, which only moves later in a normal
+  session), so a read that waits costs no timer set-up and cancel; the timer
+  is re-armed only when it fires before the current deadline (a read that
+  ends before it fires leaves it armed), is dropped when it fires with no
+  read waiting, and is cancelled when the connection is lost or handed to
+  TLS (nothing keeps a closed channel alive). A read still times out
+  ``timeout`` seconds (loop time) after it began to wait, to the loop's
+  timer resolution (``_TICK``: no re-arming for less);
 - ``write`` / ``drain`` follow the transport's write flow control;
 - ``start_tls(ctx)`` (server side, ``loop.start_tls``) returns a NEW channel
   on the TLS transport. Bytes the client sent before the handshake stay in
@@ -31,6 +41,7 @@ from typing import Any, cast
 from qmgrd.flowcontrol import WriteFlow
 
 _WHOLE = 4096  # a chunk this big is read on its own: joining it would copy it
+_TICK = 0.001  # seconds: the loop's timer resolution (uvloop's); closer to a deadline is at it
 
 
 class Channel(asyncio.Protocol):
@@ -47,7 +58,10 @@ class Channel(asyncio.Protocol):
         self._closed = False
         self._paused = False  # we paused the transport's reading
         self._read_waiter: asyncio.Future[None] | None = None
-        self._expired = False  # the current read's timer fired
+        self._expired = False  # the current read's deadline passed
+        self._deadline: float | None = None  # loop time the waiting read gives up (None: never)
+        self._timer: asyncio.TimerHandle | None = None  # armed at _timer_at <= _deadline
+        self._timer_at = 0.0
         self._flow = WriteFlow()  # the transport's write pause
 
     # -- asyncio.Protocol --------------------------------------------------------------
@@ -76,6 +90,7 @@ class Channel(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._drop_timer()
         self._lost = exc
         self._eof = True
         self._wake_reader()
@@ -103,13 +118,15 @@ class Channel(asyncio.Protocol):
     async def read(self, n: int, timeout: float | None = None) -> bytes:
         """At most ``n`` bytes that arrived, waiting for some; ``b""`` at the end of the stream.
 
-        TimeoutError when nothing arrived within ``timeout`` seconds. The timer is
-        only armed when the read has to wait (a pipelined command costs none).
+        TimeoutError when nothing arrived within ``timeout`` seconds. Only a read
+        that has to wait has a deadline (a pipelined command costs none); the
+        channel's one timer watches it (module docstring).
         """
         if not self._size and not self._eof:
             loop = self._loop or asyncio.get_running_loop()
             self._expired = False
-            timer = loop.call_later(timeout, self._expire) if timeout is not None else None
+            if timeout is not None:
+                self._watch(loop, loop.time() + timeout)
             try:
                 while not self._size and not self._eof:
                     if self._expired:
@@ -118,8 +135,7 @@ class Channel(asyncio.Protocol):
                     await self._read_waiter
             finally:
                 self._read_waiter = None
-                if timer is not None:
-                    timer.cancel()
+                self._deadline = None
         if not self._size:
             if self._lost is not None:
                 raise ConnectionResetError(str(self._lost))
@@ -201,15 +217,39 @@ class Channel(asyncio.Protocol):
         if tls_transport is None:  # the loop closed the connection meanwhile
             raise ConnectionResetError("connection closed during the TLS handshake")
         fresh.connection_made(tls_transport)
+        self._drop_timer()  # this channel is read no more
         self.transport = None  # owned by the TLS transport from now on
         return fresh
 
-    def _expire(self) -> None:
-        """The read timer: fail the waiting read."""
+    def _watch(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """Give the waiting read ``deadline``; the timer stays if it fires no later."""
+        self._deadline = deadline
+        timer = self._timer
+        if timer is None or self._timer_at > deadline:
+            if timer is not None:  # a shorter timeout than the last read's
+                timer.cancel()
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer: fail the waiting read at its deadline, else wait on for it."""
+        self._timer = None
+        deadline = self._deadline
+        if deadline is None:  # no read waits: the next one arms the timer again
+            return
+        if loop.time() < deadline - _TICK:  # armed for an earlier read
+            self._timer_at = deadline
+            self._timer = loop.call_at(deadline, self._on_timer, loop)
+            return
         self._expired = True
         waiter = self._read_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(TimeoutError())
+
+    def _drop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _wake_reader(self) -> None:
         waiter = self._read_waiter

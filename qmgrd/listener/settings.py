@@ -19,6 +19,7 @@ from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
 from qmgrd.netaddr import parse_ip
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_MEMO_SIZE = 4096  # client addresses whose mynetworks answers a settings object keeps
 
 
 class _ConfigLike(Protocol):
@@ -80,8 +81,18 @@ class ListenerSettings:
     service: str = "smtp"  # master.cf service name (logs)
     cleanup: CleanupSettings | None = None  # header processing at DATA; None = store as sent
     # EHLO's reply lines by (STARTTLS offered, AUTH offered), built once (commands._greet).
+    # Not an init field: a copy made with dataclasses.replace (e.g. another
+    # message_size_limit) starts empty instead of sharing the original's lines.
     ehlo_replies: dict[tuple[bool, bool], tuple[tuple[str, ...], bytes]] = field(
-        default_factory=dict, compare=False, repr=False
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    # Answers of permits_relay / limit_exempt by client address (every session asks both;
+    # the networks are fixed for these settings). Emptied at _MEMO_SIZE addresses.
+    _relay_memo: dict[str, bool] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    _exempt_memo: dict[str, bool] = field(
+        default_factory=dict, init=False, compare=False, repr=False
     )
 
     def __post_init__(self) -> None:
@@ -102,8 +113,11 @@ class ListenerSettings:
 
     def limit_exempt(self, addr: str) -> bool:
         """Whether ``addr`` is exempt from the per-client limits (Postfix: mynetworks)."""
-        nets = self.mynetworks if self.limit_exceptions is None else self.limit_exceptions
-        return _in_networks(addr, nets)
+        known = self._exempt_memo.get(addr)
+        if known is None:
+            nets = self.mynetworks if self.limit_exceptions is None else self.limit_exceptions
+            known = _remember(self._exempt_memo, addr, _in_networks(addr, nets))
+        return known
 
     @classmethod
     def from_config(
@@ -143,7 +157,17 @@ class ListenerSettings:
 
     def permits_relay(self, addr: str) -> bool:
         """Whether a client at ``addr`` is inside mynetworks."""
-        return _in_networks(addr, self.mynetworks)
+        known = self._relay_memo.get(addr)
+        if known is None:
+            known = _remember(self._relay_memo, addr, _in_networks(addr, self.mynetworks))
+        return known
+
+
+def _remember(memo: dict[str, bool], addr: str, answer: bool) -> bool:
+    if len(memo) >= _MEMO_SIZE:  # many client addresses: start over (bounded memory)
+        memo.clear()
+    memo[addr] = answer
+    return answer
 
 
 def _in_networks(addr: str, networks: tuple[Network, ...]) -> bool:

@@ -15,6 +15,7 @@ from qmgrd.daemon.ipc import (
     CountingIntake,
     apply_counts,
     commit_from,
+    encode,
     encode_commit,
     inflow_counts,
     parse,
@@ -34,6 +35,17 @@ def test_a_commit_crosses_the_channel_whole(sasl: str | None) -> None:
     line = encode_commit(c)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert commit_from(parse(line)) == c
+
+
+@pytest.mark.parametrize("sasl", [None, "b\u00f6b\x01"])
+def test_a_commit_line_is_the_generic_encoders_line(sasl: str | None) -> None:
+    """``encode_commit`` writes byte for byte what ``encode`` writes for the same fields
+    (escapes, non-ASCII, control characters, null), so the queue manager's parse is one."""
+    c = Committed("4A0C1922FA60", 'q"\\t\ttab\u2028\U0001f600@\u00e9x', "::ffff:10.0.0.1", sasl, 12)
+    assert encode_commit(c) == encode(
+        "c", c.queue_id, c.sender, c.client_addr, c.sasl_user, c.recipients
+    )
+    assert encode("c", 1.5, True, [1], {"a": 2}) == b'["c",1.5,true,[1],{"a":2}]\n'
 
 
 @pytest.mark.parametrize(

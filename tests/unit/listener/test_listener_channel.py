@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import pytest
 
+from qmgrd.daemon.process import loop_factory
+from qmgrd.listener.channel import _TICK as TICK
 from qmgrd.listener.channel import Channel
 
 
@@ -49,3 +53,66 @@ async def test_whole_chunks_are_handed_out_as_received() -> None:
     assert await chan.read(100, 1.0) == b"gh"
     chan.eof_received()
     assert await chan.read(100, 1.0) == b""
+
+
+async def test_a_later_read_outlives_an_earlier_reads_deadline() -> None:
+    """The one timer, armed for an earlier read, does not cut a later read short.
+
+    The first read's deadline passes while the second waits (its data comes
+    later, on the loop's own timer): the second read gets the data; the third,
+    with silence, times out no sooner than its own timeout after it began.
+    """
+    await _later_read_outlives_earlier_deadline()
+
+
+def test_the_same_on_the_daemons_loop() -> None:
+    """The same on uvloop, the daemons' loop (its timers and clock have 1 ms steps)."""
+    factory = loop_factory()
+    if factory is None:  # pragma: no cover - uvloop is a dependency on Linux
+        pytest.skip("no uvloop")
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(_later_read_outlives_earlier_deadline())
+
+
+async def _later_read_outlives_earlier_deadline() -> None:
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    timeout = 0.2
+    first = loop.time()
+    loop.call_at(first + 0.1, chan.data_received, b"EHLO x\r\n")
+    assert await chan.read(100, timeout) == b"EHLO x\r\n"  # leaves its timer armed
+    second = loop.time()
+    assert second >= first + 0.1 - TICK
+    loop.call_at(second + 0.15, chan.data_received, b"MAIL\r\n")  # after first + timeout
+    assert await chan.read(100, timeout) == b"MAIL\r\n"
+    assert loop.time() >= first + timeout
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await chan.read(100, timeout)
+    assert loop.time() >= began + timeout - TICK  # not at an earlier read's deadline
+
+
+async def test_a_shorter_timeout_than_the_armed_timer_is_kept() -> None:
+    """A read with a shorter timeout than the timer already armed times out at its own."""
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(chan.data_received, b"x")
+    assert await chan.read(100, 300.0) == b"x"  # the timer now waits 300 s
+    began = loop.time()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(chan.read(100, 0.05), 5.0)  # wait_for: fails the test, not hangs
+    assert began + 0.05 - TICK <= loop.time() < began + 5.0
+
+
+async def test_a_lost_connection_releases_the_channel() -> None:
+    """After the connection is lost nothing (no pending timer) keeps the channel alive."""
+    chan = Channel(1024)
+    loop = asyncio.get_running_loop()
+    loop.call_soon(chan.data_received, b"x")
+    assert await chan.read(100, 300.0) == b"x"  # the timer stays armed for 300 s
+    chan.connection_lost(None)
+    assert await chan.read(100, 300.0) == b""
+    ref = weakref.ref(chan)
+    del chan
+    gc.collect()
+    assert ref() is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import resource
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from qmgrd.config import load_config
 from qmgrd.errors import ConfigError
 from qmgrd.listener import ListenerSettings
+from qmgrd.listener import settings as settings_module
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.server import fd_session_cap
 
@@ -80,3 +82,44 @@ def test_session_cap_fits_the_open_file_limit() -> None:
     assert fd_session_cap(65536) == 32640
     assert fd_session_cap(100) == 1
     assert fd_session_cap(resource.RLIM_INFINITY) > 1_000_000
+
+
+def test_network_answers_are_remembered_per_settings_and_bounded() -> None:
+    """permits_relay / limit_exempt answer the same when asked again (memo), a replaced
+    settings object answers for its own networks, and many addresses stay bounded."""
+    s = ListenerSettings(
+        listen=(),
+        myhostname="mx.test",
+        mynetworks=(ipaddress.ip_network("127.0.0.0/8"),),
+        message_size_limit=0,
+        smtpd_recipient_limit=10,
+        smtpd_timeout=300.0,
+        limit_exceptions=(ipaddress.ip_network("192.0.2.0/24"),),
+    )
+    for _ in range(2):
+        assert s.permits_relay("127.0.0.1") and not s.permits_relay("192.0.2.1")
+        assert s.limit_exempt("192.0.2.1") and not s.limit_exempt("127.0.0.1")
+        assert s.permits_relay("::ffff:127.0.0.2") and not s.permits_relay("bad")
+    other = dataclasses.replace(s, mynetworks=(ipaddress.ip_network("192.0.2.0/24"),))
+    assert other.permits_relay("192.0.2.1") and not other.permits_relay("127.0.0.1")
+    assert s.permits_relay("127.0.0.1")
+    for i in range(3 * settings_module._MEMO_SIZE):
+        assert not s.permits_relay(f"2001:db8::{i:x}")
+    assert len(s._relay_memo) <= settings_module._MEMO_SIZE
+    assert s.permits_relay("127.0.0.1")
+
+
+def test_a_replaced_settings_object_builds_its_own_ehlo_lines() -> None:
+    """EHLO's lines are kept per settings object: a copy with another SIZE starts empty."""
+    s = ListenerSettings(
+        listen=(),
+        myhostname="mx.test",
+        mynetworks=(ipaddress.ip_network("127.0.0.0/8"),),
+        message_size_limit=1000,
+        smtpd_recipient_limit=10,
+        smtpd_timeout=300.0,
+    )
+    s.ehlo_replies[(False, False)] = (("250 SIZE 1000",), b"250 SIZE 1000\r\n")
+    other = dataclasses.replace(s, message_size_limit=2000)
+    assert other.ehlo_replies == {}
+    assert s.ehlo_replies
