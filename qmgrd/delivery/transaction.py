@@ -256,32 +256,37 @@ class Transaction:
         """Write the envelope's commands and read their replies; 421 raises ``Lost``."""
         s = self.settings
         conn = session.conn
-        relay = session.endpoint.relay
-        timeouts = {
-            Step.RSET: s.rset_timeout,
-            Step.MAIL: s.mail_timeout,
-            Step.RCPT: s.rcpt_timeout,
-            Step.DATA: s.data_init_timeout,
-        }
-        while True:
-            out = envelope.to_send()
-            step = envelope.expected()
-            if step is None:
-                return
-            stage = f"sending {step[0].value}"
+        pipelining = envelope.pipelining
+        out = envelope.to_send()
+        step = envelope.expected()
+        while step is not None:
+            kind = step[0]
+            # Identity tests, not a dict of timeouts: an Enum's hash is a Python call.
+            if kind is Step.RCPT:
+                timeout = s.rcpt_timeout
+            elif kind is Step.MAIL:
+                timeout = s.mail_timeout
+            elif kind is Step.DATA:
+                timeout = s.data_init_timeout
+            else:
+                timeout = s.rset_timeout
             try:
                 if out is not None:
                     conn.write(out)
-                reply = await conn.read_reply(timeouts[step[0]])
+                    out = None
+                reply = await conn.read_reply(timeout)
             except (TimeoutError, ReplyError, OSError) as exc:
-                if step[0] is Step.RSET:
+                if kind is Step.RSET:
                     raise StaleSession(str(exc) or type(exc).__name__) from None
-                raise broken(relay, stage, exc) from None
-            if step[0] is Step.RSET and reply.code != 250:
+                raise broken(session.endpoint.relay, f"sending {kind.value}", exc) from None
+            if kind is Step.RSET and reply.code != 250:
                 raise StaleSession(f"{reply.code} {reply.message}")
             if reply.code == 421:
-                raise Lost(said(reply, step[0].value))
+                raise Lost(said(reply, kind.value))
             envelope.receive(reply)
+            if not pipelining:  # pipelined, the whole group went out in the first write
+                out = envelope.to_send()
+            step = envelope.expected()
 
     async def _probe(self, session: Session) -> None:
         """RSET on its own (no PIPELINING); ``StaleSession`` unless it is answered 250."""
