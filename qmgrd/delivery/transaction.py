@@ -35,7 +35,8 @@ are matched in order; otherwise one command at a time. Each reply is awaited
 with its command's timeout (``smtp_mail_timeout``, ``smtp_rcpt_timeout``,
 ``smtp_data_init_timeout``).
 
-Content streaming: after 354 the content is read in chunks of up to
+Content streaming: after 354 the content (``data`` when the source holds it in
+memory and it fits one chunk: no async iteration) is read in chunks of up to
 ``CONTENT_CHUNK`` bytes (256 KiB: most mail is one read, one encoding pass and
 one write), encoded by ``content.DataEncoder`` and written chunk by chunk with
 flow control (each wait for the transport at
@@ -334,22 +335,29 @@ class Transaction:
         # The last encoded chunk is held back and sent with the end of data: a message
         # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
         held = b""
+        whole = req.content.data  # in memory already (the load read it), or None
         try:
-            iterator = aiter(req.content.chunks(CONTENT_CHUNK))
-            while True:
-                try:
-                    chunk = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise ContentError(str(exc)) from exc
-                data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
-                if data:
-                    if held:
-                        conn.write(held)
-                        # Flow control: wait while the transport buffer is over its high mark.
-                        await conn.drain(s.data_xfer_timeout)
-                    held = data
+            if whole is not None and len(whole) <= CONTENT_CHUNK:
+                # What chunks() would yield (one chunk, none if empty), without an async
+                # generator: most mail is small and the queue manager's load read it.
+                if whole:
+                    held = encoder.feed(headers.feed(whole) if headers is not None else whole)
+            else:
+                iterator = aiter(req.content.chunks(CONTENT_CHUNK))
+                while True:
+                    try:
+                        chunk = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    except Exception as exc:
+                        raise ContentError(str(exc)) from exc
+                    data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
+                    if data:
+                        if held:
+                            conn.write(held)
+                            # Flow control: wait while the transport buffer is over its mark.
+                            await conn.drain(s.data_xfer_timeout)
+                        held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
             end = tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b"")
             conn.writelines((held, end))  # one system call, the chunk not copied to join it
