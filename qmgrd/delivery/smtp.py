@@ -169,7 +169,7 @@ class SmtpAgent:
     # --------------------------------------------------------------- top level
 
     async def _deliver(self, att: Attempt) -> None:
-        wire = check_addresses(att, self.settings.outbound.address)
+        wire = check_addresses(att, self.transaction.rewrite)
         if wire is None or not att.pending:
             return
         route = self._route(att.request.nexthop)

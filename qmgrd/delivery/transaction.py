@@ -96,14 +96,13 @@ def check_addresses(
     checked as they will be sent.
     """
     req = att.request
-    rewrite = rewrite or _same
-    sender = wire_address(rewrite(req.sender), req.smtputf8)
+    sender = wire_address(rewrite(req.sender) if rewrite else req.sender, req.smtputf8)
     if isinstance(sender, str):
         att.fail_pending(Failure("5.1.7", f"sender address cannot be sent as is: {sender}", "none"))
         return None
     out: dict[int, bytes] = {}
     for idx, rcpt in list(att.pending.items()):
-        wire = wire_address(rewrite(rcpt.address), req.smtputf8)
+        wire = wire_address(rewrite(rcpt.address) if rewrite else rcpt.address, req.smtputf8)
         if isinstance(wire, str):
             att.fail(idx, Failure("5.1.3", f"recipient address cannot be sent as is: {wire}"))
         else:
@@ -111,16 +110,18 @@ def check_addresses(
     return out
 
 
-def _same(address: str) -> str:
-    return address
-
-
 class Transaction:
     """MAIL, RCPT and DATA with the agent's timeouts."""
 
     def __init__(self, settings: SmtpSettings) -> None:
-        """Keep the settings (timeouts)."""
+        """Keep the settings (timeouts, ``smtp_generic_maps``, ``smtp_header_checks``)."""
         self.settings = settings
+        outbound = settings.outbound
+        # smtp_generic_maps, or None: most transports have none (no call per address)
+        self.rewrite: Callable[[str], str] | None = (
+            outbound.address if outbound.generic_maps else None
+        )
+        self._filtering = outbound.active  # smtp_header_checks or smtp_generic_maps
 
     async def run(
         self,
@@ -152,28 +153,29 @@ class Transaction:
     async def _steps(
         self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool, probe: bool
     ) -> bool:
-        s = self.settings
         req = att.request
         relay = session.endpoint.relay
-        host = f"host {relay}"
-        pipelining = session.supports("pipelining")
+        extensions = session.extensions  # EHLO keywords, lower case
+        pipelining = "pipelining" in extensions
         if probe and not pipelining:
             await self._probe(session)
 
         def said(response: Reply, command: str) -> Failure:
             return Failure(
                 reply_dsn(response.code, response.message),
-                f"{host} said: {reply_text(response)} (in reply to {command} command)",
+                f"host {relay} said: {reply_text(response)} (in reply to {command} command)",
                 relay,
                 site=response.code == 421,
             )
 
-        if req.smtputf8 and not session.supports("smtputf8"):
+        if req.smtputf8 and "smtputf8" not in extensions:
             att.fail_pending(
-                Failure("5.6.7", f"SMTPUTF8 is required, but was not offered by {host}", relay)
+                Failure(
+                    "5.6.7", f"SMTPUTF8 is required, but was not offered by host {relay}", relay
+                )
             )
             return True
-        size_limit = session.extensions.get("size", "")
+        size_limit = extensions.get("size", "")
         if size_limit.isdigit() and 0 < int(size_limit) < req.content.size:
             att.fail_pending(
                 Failure(
@@ -185,11 +187,11 @@ class Transaction:
             )
             return True
 
-        dsn_ext = session.supports("dsn")
+        dsn_ext = "dsn" in extensions
         options: list[bytes] = []
-        if session.supports("size"):
+        if "size" in extensions:
             options.append(f"SIZE={req.content.size}".encode())
-        if req.body_8bitmime and session.supports("8bitmime"):
+        if req.body_8bitmime and "8bitmime" in extensions:
             options.append(b"BODY=8BITMIME")
         if req.smtputf8:
             options.append(b"SMTPUTF8")
@@ -199,7 +201,8 @@ class Transaction:
             options.append(f"ENVID={dsn_param(req.envid)}".encode())
 
         # smtp_generic_maps; checked by check_addresses
-        sender = s.outbound.address(req.sender).encode("utf-8", "surrogateescape")
+        rewrite = self.rewrite
+        sender = (rewrite(req.sender) if rewrite else req.sender).encode("utf-8", "surrogateescape")
         rcpts: list[tuple[int, bytes]] = []
         for idx, rcpt in att.pending.items():
             rcpt_options: list[bytes] = []
@@ -326,11 +329,10 @@ class Transaction:
     ) -> Reply:
         """Stream the content after 354, then read the final reply (``with_quit``: QUIT follows)."""
         s = self.settings
-        relay = session.endpoint.relay
         conn = session.conn
         encoder = DataEncoder()
         # smtp_generic_maps / smtp_header_checks: one bounded pass over the header section
-        headers = s.outbound.filter(req.queue_id) if s.outbound.active else None
+        headers = s.outbound.filter(req.queue_id) if self._filtering else None
         stage = "sending message body"
         # The last encoded chunk is held back and sent with the end of data: a message
         # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
@@ -365,4 +367,4 @@ class Transaction:
             stage = "sending end of data -- message may be sent more than once"
             return await conn.read_reply(s.data_done_timeout)
         except (TimeoutError, ReplyError, OSError) as exc:
-            raise broken(relay, stage, exc) from None
+            raise broken(session.endpoint.relay, stage, exc) from None
