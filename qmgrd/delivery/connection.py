@@ -4,7 +4,8 @@ The client twin of ``qmgrd.listener.channel``. Bytes that arrive are parsed
 at once into replies that wait in a queue (a pipelined group's replies come
 in one read); the session takes them in order with ``read_reply(timeout)``:
 
-- ``read_reply`` returns the oldest queued reply; only when none is queued it
+- ``read_reply`` returns the oldest queued reply (``next_reply``: the same
+  without a coroutine, None when none is queued); only when none is queued it
   waits, at most ``timeout`` seconds (TimeoutError then). Replies that arrived
   before the connection broke are still handed out; then the error (a
   ``ReplyError`` for a broken reply, else ConnectionError) is raised on every
@@ -120,6 +121,17 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return default
         return self.transport.get_extra_info(name, default)
+
+    def next_reply(self) -> Reply | None:
+        """The oldest reply already queued, or None (then ``read_reply`` waits for one)."""
+        replies = self.replies
+        if not replies:
+            return None
+        reply = replies.popleft()
+        if self._paused and len(replies) <= QUEUE_LIMIT // 2 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return reply
 
     async def read_reply(self, timeout: float) -> Reply:
         """The next reply (module doc); TimeoutError, ReplyError or ConnectionError."""

@@ -278,7 +278,9 @@ class Transaction:
                 if out is not None:
                     conn.write(out)
                     out = None
-                reply = await conn.read_reply(timeout)
+                reply = conn.next_reply()  # a pipelined group's replies come in one read
+                if reply is None:
+                    reply = await conn.read_reply(timeout)
             except (TimeoutError, ReplyError, OSError) as exc:
                 if kind is Step.RSET:
                     raise StaleSession(str(exc) or type(exc).__name__) from None
@@ -287,10 +289,10 @@ class Transaction:
                 raise StaleSession(f"{reply.code} {reply.message}")
             if reply.code == 421:
                 raise Lost(said(reply, kind.value))
-            envelope.receive(reply)
+            step = envelope.receive(reply)
             if not pipelining:  # pipelined, the whole group went out in the first write
                 out = envelope.to_send()
-            step = envelope.expected()
+                step = envelope.expected()
 
     async def _probe(self, session: Session) -> None:
         """RSET on its own (no PIPELINING); ``StaleSession`` unless it is answered 250."""

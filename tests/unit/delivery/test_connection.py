@@ -206,3 +206,16 @@ async def test_the_timer_is_dropped_when_it_fires_with_no_wait_and_on_close() ->
     assert clock.armed() == [120.0]
     conn.close()
     assert clock.armed() == []
+
+
+async def test_next_reply_hands_out_queued_replies_without_waiting() -> None:
+    """next_reply returns the queued replies in order, then None; read_reply waits after."""
+    conn, _ = _connected()
+    conn.data_received(b"250 a\r\n354 go\r\n")
+    assert [conn.next_reply(), conn.next_reply(), conn.next_reply()] == [
+        Reply(250, "a"),
+        Reply(354, "go"),
+        None,
+    ]
+    conn.data_received(b"250 done\r\n")
+    assert await conn.read_reply(1.0) == Reply(250, "done")
