@@ -19,7 +19,8 @@ The engine, not the agent, writes done marks and defer/bounce reasons
   an engine that ignores it behaves as before (the hop status is there).
 
 Content is streamed from the queue file: ``ContentSource`` names the byte
-range of the message content inside it.
+range of the message content inside it (and holds the bytes, ``data``, when
+the queue manager's load read them already).
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ class ContentSource(Protocol):
     @property
     def size(self) -> int:
         """Content size in bytes (for the SIZE= parameter)."""
+        ...
+
+    @property
+    def data(self) -> bytes | None:
+        """The whole content when the source holds it in memory already, else None.
+
+        ``chunks`` then yields exactly these bytes, in ``chunk_size`` pieces; the SMTP agent
+        sends small content from here without the async iteration.
+        """
         ...
 
     def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:

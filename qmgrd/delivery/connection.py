@@ -4,11 +4,12 @@ The client twin of ``qmgrd.listener.channel``. Bytes that arrive are parsed
 at once into replies that wait in a queue (a pipelined group's replies come
 in one read); the session takes them in order with ``read_reply(timeout)``:
 
-- ``read_reply`` returns the oldest queued reply; only when none is queued it
-  waits, with a timer armed for ``timeout`` seconds (TimeoutError when it
-  fires). Replies that arrived before the connection broke are still handed
-  out; then the error (a ``ReplyError`` for a broken reply, else
-  ConnectionError) is raised on every later read.
+- ``read_reply`` returns the oldest queued reply (``next_reply``: the same
+  without a coroutine, None when none is queued); only when none is queued it
+  waits, at most ``timeout`` seconds (TimeoutError then). Replies that arrived
+  before the connection broke are still handed out; then the error (a
+  ``ReplyError`` for a broken reply, else ConnectionError) is raised on every
+  later read.
 - Reading is paused while more than ``QUEUE_LIMIT`` replies wait unread, so a
   server that floods replies is held back by TCP, not by our memory; a broken
   reply aborts the connection at once.
@@ -19,7 +20,16 @@ in one read); the session takes them in order with ``read_reply(timeout)``:
   text after its 220 is dropped with the old one (CVE-2011-0411 from the
   client side: no reply can be injected before the handshake).
 
-Nothing here reads a clock except through ``loop.call_later`` for timeouts.
+Nothing here reads a clock except the loop's, for timeouts.
+
+Theory of operation (the read timeout): a wait sets the connection's deadline
+(``loop.time() + timeout``); one timer per connection is armed at a deadline
+and stays armed across waits. When it fires while a wait's deadline is the one
+it was armed for, that wait fails with TimeoutError; when the deadline has
+moved on (later waits), it is re-armed for the current one; with no wait it
+is dropped. A wait whose deadline is earlier than the armed timer's re-arms
+it. So a wait costs a clock read, not a timer made and cancelled (two per
+delivery on a cached session), and no wait outlives its deadline.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ class Connection(asyncio.Protocol):
         self.closed = False
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline = 0.0  # loop time the current wait ends (module doc)
+        self._timer: asyncio.TimerHandle | None = None  # armed at _timer_at, or None
+        self._timer_at = 0.0
         self._flow = WriteFlow()  # the transport's write pause
         # The transport's loop, looked up once: on Python 3.11 every get_running_loop is a
         # getpid system call, and a delivery waits for replies twice.
@@ -84,6 +97,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._cancel_timer()
         if self.error is None:
             self.error = exc or ConnectionResetError("Connection lost")
         self._wake()
@@ -108,6 +122,17 @@ class Connection(asyncio.Protocol):
             return default
         return self.transport.get_extra_info(name, default)
 
+    def next_reply(self) -> Reply | None:
+        """The oldest reply already queued, or None (then ``read_reply`` waits for one)."""
+        replies = self.replies
+        if not replies:
+            return None
+        reply = replies.popleft()
+        if self._paused and len(replies) <= QUEUE_LIMIT // 2 and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return reply
+
     async def read_reply(self, timeout: float) -> Reply:
         """The next reply (module doc); TimeoutError, ReplyError or ConnectionError."""
         replies = self.replies
@@ -116,12 +141,16 @@ class Connection(asyncio.Protocol):
                 raise self.error
             loop = self._loop or asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = loop.call_later(timeout, self._expire, waiter)
+            deadline = self._deadline = loop.time() + timeout
+            if self._timer is None or self._timer_at > deadline:
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = loop.call_at(deadline, self._on_timer)
+                self._timer_at = deadline
             try:
                 await waiter
             finally:
                 self._waiter = None
-                timer.cancel()
             if not replies:
                 raise self.error or ConnectionResetError("Connection lost")
         reply = replies.popleft()
@@ -161,6 +190,8 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
         self.closed = True
+        if self._waiter is None:  # a wait in progress keeps its timeout until it is woken
+            self._cancel_timer()
 
     async def start_tls(
         self, context: ssl.SSLContext, server_hostname: str, timeout: float
@@ -187,11 +218,26 @@ class Connection(asyncio.Protocol):
         fresh.connection_made(tls)
         self.transport = None  # owned by the TLS transport from now on
         self.closed = True
+        self._cancel_timer()
         return fresh
 
-    def _expire(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
+    def _on_timer(self) -> None:
+        """The timer fired at ``_timer_at``: time out the wait, re-arm, or drop (module doc)."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._deadline <= self._timer_at:
             waiter.set_exception(TimeoutError())
+            return
+        loop = self._loop or asyncio.get_running_loop()
+        self._timer = loop.call_at(self._deadline, self._on_timer)
+        self._timer_at = self._deadline
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _wake(self) -> None:
         waiter = self._waiter

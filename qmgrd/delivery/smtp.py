@@ -169,7 +169,7 @@ class SmtpAgent:
     # --------------------------------------------------------------- top level
 
     async def _deliver(self, att: Attempt) -> None:
-        wire = check_addresses(att, self.settings.outbound.address)
+        wire = check_addresses(att, self.transaction.rewrite)
         if wire is None or not att.pending:
             return
         route = self._route(att.request.nexthop)
@@ -229,7 +229,8 @@ class SmtpAgent:
             att.fail_pending(failure, final=final)
             return
         sender = att.request.sender
-        users = {ep: self._user(sender, dest, ep) for ep in found}
+        # SASL user per address ("" without AUTH: no lookup per delivery)
+        users = {ep: self._user(sender, dest, ep) for ep in found} if self.sasl.enable else None
         several = len(found) > 1  # one address (a smarthost, a sink) has no order to choose
         endpoints = self.usage.spread(found) if s.randomize_addresses and several else found
         if load and several:
@@ -237,7 +238,7 @@ class SmtpAgent:
             cached = [
                 ep
                 for ep in endpoints
-                if ep.pref == best and self._has_cached(label, ep, users[ep])
+                if ep.pref == best and self._has_cached(label, ep, users[ep] if users else "")
             ]
             if cached:
                 endpoints = cached + [ep for ep in endpoints if ep not in cached]
@@ -250,7 +251,9 @@ class SmtpAgent:
             )
             t0 = self.clock()
             self.usage.used(ep, t0)  # tried, whatever the outcome: the next one goes elsewhere
-            reused = load and await self._reuse(att, label, ep, users[ep], wire, store)
+            reused = load and await self._reuse(
+                att, label, ep, users[ep] if users else "", wire, store
+            )
             if not reused:
                 creds = self.sasl.credentials(sender, dest, ep)
                 opened = await self.connector.open(ep, dest, policy, creds)
@@ -311,7 +314,8 @@ class SmtpAgent:
     ) -> bool:
         """The transaction on a cached session for this endpoint and user, probed with RSET
         (``Transaction.run(probe=True)``); False when no cached session passed its probe."""
-        for key in self._keys(label, ep, user):
+        for tls in (True, False):  # a TLS session first
+            key = (label, ep.host, ep.addr, ep.port, tls, user)
             while (session := self.cache.take(key)) is not None:
                 try:
                     await self._transact(att, session, wire, store=store, probe=True)

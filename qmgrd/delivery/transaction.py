@@ -35,7 +35,8 @@ are matched in order; otherwise one command at a time. Each reply is awaited
 with its command's timeout (``smtp_mail_timeout``, ``smtp_rcpt_timeout``,
 ``smtp_data_init_timeout``).
 
-Content streaming: after 354 the content is read in chunks of up to
+Content streaming: after 354 the content (``data`` when the source holds it in
+memory and it fits one chunk: no async iteration) is read in chunks of up to
 ``CONTENT_CHUNK`` bytes (256 KiB: most mail is one read, one encoding pass and
 one write), encoded by ``content.DataEncoder`` and written chunk by chunk with
 flow control (each wait for the transport at
@@ -95,14 +96,13 @@ def check_addresses(
     checked as they will be sent.
     """
     req = att.request
-    rewrite = rewrite or _same
-    sender = wire_address(rewrite(req.sender), req.smtputf8)
+    sender = wire_address(rewrite(req.sender) if rewrite else req.sender, req.smtputf8)
     if isinstance(sender, str):
         att.fail_pending(Failure("5.1.7", f"sender address cannot be sent as is: {sender}", "none"))
         return None
     out: dict[int, bytes] = {}
     for idx, rcpt in list(att.pending.items()):
-        wire = wire_address(rewrite(rcpt.address), req.smtputf8)
+        wire = wire_address(rewrite(rcpt.address) if rewrite else rcpt.address, req.smtputf8)
         if isinstance(wire, str):
             att.fail(idx, Failure("5.1.3", f"recipient address cannot be sent as is: {wire}"))
         else:
@@ -110,16 +110,18 @@ def check_addresses(
     return out
 
 
-def _same(address: str) -> str:
-    return address
-
-
 class Transaction:
     """MAIL, RCPT and DATA with the agent's timeouts."""
 
     def __init__(self, settings: SmtpSettings) -> None:
-        """Keep the settings (timeouts)."""
+        """Keep the settings (timeouts, ``smtp_generic_maps``, ``smtp_header_checks``)."""
         self.settings = settings
+        outbound = settings.outbound
+        # smtp_generic_maps, or None: most transports have none (no call per address)
+        self.rewrite: Callable[[str], str] | None = (
+            outbound.address if outbound.generic_maps else None
+        )
+        self._filtering = outbound.active  # smtp_header_checks or smtp_generic_maps
 
     async def run(
         self,
@@ -151,28 +153,29 @@ class Transaction:
     async def _steps(
         self, att: Attempt, session: Session, wire: dict[int, bytes], last: bool, probe: bool
     ) -> bool:
-        s = self.settings
         req = att.request
         relay = session.endpoint.relay
-        host = f"host {relay}"
-        pipelining = session.supports("pipelining")
+        extensions = session.extensions  # EHLO keywords, lower case
+        pipelining = "pipelining" in extensions
         if probe and not pipelining:
             await self._probe(session)
 
         def said(response: Reply, command: str) -> Failure:
             return Failure(
                 reply_dsn(response.code, response.message),
-                f"{host} said: {reply_text(response)} (in reply to {command} command)",
+                f"host {relay} said: {reply_text(response)} (in reply to {command} command)",
                 relay,
                 site=response.code == 421,
             )
 
-        if req.smtputf8 and not session.supports("smtputf8"):
+        if req.smtputf8 and "smtputf8" not in extensions:
             att.fail_pending(
-                Failure("5.6.7", f"SMTPUTF8 is required, but was not offered by {host}", relay)
+                Failure(
+                    "5.6.7", f"SMTPUTF8 is required, but was not offered by host {relay}", relay
+                )
             )
             return True
-        size_limit = session.extensions.get("size", "")
+        size_limit = extensions.get("size", "")
         if size_limit.isdigit() and 0 < int(size_limit) < req.content.size:
             att.fail_pending(
                 Failure(
@@ -184,11 +187,11 @@ class Transaction:
             )
             return True
 
-        dsn_ext = session.supports("dsn")
+        dsn_ext = "dsn" in extensions
         options: list[bytes] = []
-        if session.supports("size"):
+        if "size" in extensions:
             options.append(f"SIZE={req.content.size}".encode())
-        if req.body_8bitmime and session.supports("8bitmime"):
+        if req.body_8bitmime and "8bitmime" in extensions:
             options.append(b"BODY=8BITMIME")
         if req.smtputf8:
             options.append(b"SMTPUTF8")
@@ -198,7 +201,8 @@ class Transaction:
             options.append(f"ENVID={dsn_param(req.envid)}".encode())
 
         # smtp_generic_maps; checked by check_addresses
-        sender = s.outbound.address(req.sender).encode("utf-8", "surrogateescape")
+        rewrite = self.rewrite
+        sender = (rewrite(req.sender) if rewrite else req.sender).encode("utf-8", "surrogateescape")
         rcpts: list[tuple[int, bytes]] = []
         for idx, rcpt in att.pending.items():
             rcpt_options: list[bytes] = []
@@ -256,32 +260,39 @@ class Transaction:
         """Write the envelope's commands and read their replies; 421 raises ``Lost``."""
         s = self.settings
         conn = session.conn
-        relay = session.endpoint.relay
-        timeouts = {
-            Step.RSET: s.rset_timeout,
-            Step.MAIL: s.mail_timeout,
-            Step.RCPT: s.rcpt_timeout,
-            Step.DATA: s.data_init_timeout,
-        }
-        while True:
-            out = envelope.to_send()
-            step = envelope.expected()
-            if step is None:
-                return
-            stage = f"sending {step[0].value}"
+        pipelining = envelope.pipelining
+        out = envelope.to_send()
+        step = envelope.expected()
+        while step is not None:
+            kind = step[0]
+            # Identity tests, not a dict of timeouts: an Enum's hash is a Python call.
+            if kind is Step.RCPT:
+                timeout = s.rcpt_timeout
+            elif kind is Step.MAIL:
+                timeout = s.mail_timeout
+            elif kind is Step.DATA:
+                timeout = s.data_init_timeout
+            else:
+                timeout = s.rset_timeout
             try:
                 if out is not None:
                     conn.write(out)
-                reply = await conn.read_reply(timeouts[step[0]])
+                    out = None
+                reply = conn.next_reply()  # a pipelined group's replies come in one read
+                if reply is None:
+                    reply = await conn.read_reply(timeout)
             except (TimeoutError, ReplyError, OSError) as exc:
-                if step[0] is Step.RSET:
+                if kind is Step.RSET:
                     raise StaleSession(str(exc) or type(exc).__name__) from None
-                raise broken(relay, stage, exc) from None
-            if step[0] is Step.RSET and reply.code != 250:
+                raise broken(session.endpoint.relay, f"sending {kind.value}", exc) from None
+            if kind is Step.RSET and reply.code != 250:
                 raise StaleSession(f"{reply.code} {reply.message}")
             if reply.code == 421:
-                raise Lost(said(reply, step[0].value))
-            envelope.receive(reply)
+                raise Lost(said(reply, kind.value))
+            step = envelope.receive(reply)
+            if not pipelining:  # pipelined, the whole group went out in the first write
+                out = envelope.to_send()
+                step = envelope.expected()
 
     async def _probe(self, session: Session) -> None:
         """RSET on its own (no PIPELINING); ``StaleSession`` unless it is answered 250."""
@@ -320,31 +331,37 @@ class Transaction:
     ) -> Reply:
         """Stream the content after 354, then read the final reply (``with_quit``: QUIT follows)."""
         s = self.settings
-        relay = session.endpoint.relay
         conn = session.conn
         encoder = DataEncoder()
         # smtp_generic_maps / smtp_header_checks: one bounded pass over the header section
-        headers = s.outbound.filter(req.queue_id) if s.outbound.active else None
+        headers = s.outbound.filter(req.queue_id) if self._filtering else None
         stage = "sending message body"
         # The last encoded chunk is held back and sent with the end of data: a message
         # of one chunk (most mail) costs one write, one segment and one wake-up of the server.
         held = b""
+        whole = req.content.data  # in memory already (the load read it), or None
         try:
-            iterator = aiter(req.content.chunks(CONTENT_CHUNK))
-            while True:
-                try:
-                    chunk = await anext(iterator)
-                except StopAsyncIteration:
-                    break
-                except Exception as exc:
-                    raise ContentError(str(exc)) from exc
-                data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
-                if data:
-                    if held:
-                        conn.write(held)
-                        # Flow control: wait while the transport buffer is over its high mark.
-                        await conn.drain(s.data_xfer_timeout)
-                    held = data
+            if whole is not None and len(whole) <= CONTENT_CHUNK:
+                # What chunks() would yield (one chunk, none if empty), without an async
+                # generator: most mail is small and the queue manager's load read it.
+                if whole:
+                    held = encoder.feed(headers.feed(whole) if headers is not None else whole)
+            else:
+                iterator = aiter(req.content.chunks(CONTENT_CHUNK))
+                while True:
+                    try:
+                        chunk = await anext(iterator)
+                    except StopAsyncIteration:
+                        break
+                    except Exception as exc:
+                        raise ContentError(str(exc)) from exc
+                    data = encoder.feed(headers.feed(chunk) if headers is not None else chunk)
+                    if data:
+                        if held:
+                            conn.write(held)
+                            # Flow control: wait while the transport buffer is over its mark.
+                            await conn.drain(s.data_xfer_timeout)
+                        held = data
             tail = encoder.feed(headers.finish()) if headers is not None else b""
             end = tail + encoder.finish() + (b"QUIT\r\n" if with_quit else b"")
             conn.writelines((held, end))  # one system call, the chunk not copied to join it
@@ -352,4 +369,4 @@ class Transaction:
             stage = "sending end of data -- message may be sent more than once"
             return await conn.read_reply(s.data_done_timeout)
         except (TimeoutError, ReplyError, OSError) as exc:
-            raise broken(relay, stage, exc) from None
+            raise broken(session.endpoint.relay, stage, exc) from None

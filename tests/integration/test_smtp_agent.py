@@ -267,6 +267,7 @@ class _BrokenContent:
     """A content source whose queue file read fails after the first chunk."""
 
     size = 100
+    data = None  # read from the queue file
 
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
         yield b"Subject: x\r\n\r\n"

@@ -230,7 +230,7 @@ def test_probe_rset_heads_the_pipelined_group() -> None:
     env = Envelope(MAIL, list(RCPTS), pipelining=True, probe=True)
     assert env.to_send() == b"RSET\r\n" + MAIL + b"".join(line for _, line in RCPTS) + b"DATA\r\n"
     assert env.expected() == (Step.RSET, -1)
-    env.receive(Reply(250, "reset"))
+    assert env.receive(Reply(250, "reset")) == (Step.MAIL, -1)  # what expected() says next
     assert env.rset_reply == Reply(250, "reset") and env.expected() == (Step.MAIL, -1)
     with pytest.raises(InvariantError):  # without PIPELINING the probe is its own command
         Envelope(MAIL, list(RCPTS), pipelining=False, probe=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -113,3 +114,108 @@ async def test_writelines_hands_the_buffers_over_unjoined_then_fails_once_closed
     with pytest.raises(ConnectionError):
         conn.writelines((b".\r\n",))
     assert len(transport.lines) == 1
+
+
+class _Timer:
+    def __init__(self, when: float, callback: Callable[[], None]) -> None:
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Clock:
+    """The loop as the connection sees it, with a clock and timers moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[_Timer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def create_future(self) -> asyncio.Future[None]:
+        return asyncio.get_running_loop().create_future()
+
+    def call_at(self, when: float, callback: Callable[[], None]) -> _Timer:
+        timer = _Timer(when, callback)
+        self.timers.append(timer)
+        return timer
+
+    def armed(self) -> list[float]:
+        return [t.when for t in self.timers if not t.cancelled]
+
+    def fire(self) -> None:
+        """Move the clock to the earliest armed timer and run it."""
+        timer = min((t for t in self.timers if not t.cancelled), key=lambda t: t.when)
+        self.timers.remove(timer)
+        self.now = timer.when
+        timer.callback()
+
+
+def _clocked() -> tuple[Connection, _Clock]:
+    conn, _ = _connected()
+    clock = _Clock()
+    conn._loop = clock  # type: ignore[assignment]
+    return conn, clock
+
+
+async def _answered(conn: Connection, timeout: float) -> Reply:
+    """A wait of ``timeout`` seconds that a reply ends."""
+    task = asyncio.ensure_future(conn.read_reply(timeout))
+    await asyncio.sleep(0)  # the wait starts (no timing: one pass of the loop)
+    conn.data_received(b"250 ok\r\n")
+    return await task
+
+
+async def test_a_wait_outlasts_the_timer_an_earlier_shorter_wait_armed() -> None:
+    """The timer armed by an earlier, shorter wait re-arms for the current wait's deadline."""
+    conn, clock = _clocked()
+    assert await _answered(conn, 10.0) == Reply(250, "ok")
+    waiting = asyncio.ensure_future(conn.read_reply(30.0))
+    await asyncio.sleep(0)
+    assert clock.armed() == [110.0]  # no timer made for the second wait
+    clock.fire()
+    assert clock.armed() == [130.0] and not waiting.done()
+    clock.fire()
+    with pytest.raises(TimeoutError):
+        await waiting
+
+
+async def test_a_shorter_wait_than_the_armed_timer_times_out_at_its_own_deadline() -> None:
+    """A wait whose deadline comes before the armed timer's re-arms it earlier."""
+    conn, clock = _clocked()
+    await _answered(conn, 30.0)
+    waiting = asyncio.ensure_future(conn.read_reply(10.0))
+    await asyncio.sleep(0)
+    assert clock.armed() == [110.0]
+    clock.fire()
+    with pytest.raises(TimeoutError):
+        await waiting
+
+
+async def test_the_timer_is_dropped_when_it_fires_with_no_wait_and_on_close() -> None:
+    """A timer that fires between waits is dropped; the next wait arms one; close cancels it."""
+    conn, clock = _clocked()
+    await _answered(conn, 10.0)
+    clock.fire()
+    assert clock.armed() == []
+    await _answered(conn, 10.0)
+    assert clock.armed() == [120.0]
+    conn.close()
+    assert clock.armed() == []
+
+
+async def test_next_reply_hands_out_queued_replies_without_waiting() -> None:
+    """next_reply returns the queued replies in order, then None; read_reply waits after."""
+    conn, _ = _connected()
+    conn.data_received(b"250 a\r\n354 go\r\n")
+    assert [conn.next_reply(), conn.next_reply(), conn.next_reply()] == [
+        Reply(250, "a"),
+        Reply(354, "go"),
+        None,
+    ]
+    conn.data_received(b"250 done\r\n")
+    assert await conn.read_reply(1.0) == Reply(250, "done")

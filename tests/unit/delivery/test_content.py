@@ -197,35 +197,43 @@ async def test_last_chunk_goes_out_with_the_end_of_data(chunks: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class _Chunked:
-    """In-memory content served in chunks of ``size`` whatever the caller asks."""
+    """Content served in chunks of ``size`` whatever the caller asks (never as ``data``)."""
 
-    data: bytes
+    raw: bytes
     step: int
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.raw)
+
+    @property
+    def data(self) -> None:
+        return None
 
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
-        for start in range(0, len(self.data), self.step):
-            yield self.data[start : start + self.step]
+        for start in range(0, len(self.raw), self.step):
+            yield self.raw[start : start + self.step]
 
 
 @dataclass(slots=True)
 class _Recording:
-    """In-memory content that records the chunk size each read asked for."""
+    """Content that records the chunk size each read asked for (never handed as ``data``)."""
 
-    data: bytes
+    raw: bytes
     asked: list[int]
 
     @property
     def size(self) -> int:
-        return len(self.data)
+        return len(self.raw)
+
+    @property
+    def data(self) -> None:
+        return None
 
     async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
         self.asked.append(chunk_size)
-        for start in range(0, len(self.data), chunk_size):
-            yield self.data[start : start + chunk_size]
+        for start in range(0, len(self.raw), chunk_size):
+            yield self.raw[start : start + chunk_size]
 
 
 async def test_a_100_kb_message_is_one_read_and_one_write() -> None:
@@ -236,4 +244,44 @@ async def test_a_100_kb_message_is_one_read_and_one_write() -> None:
     assert reply.code == 250
     assert content.asked == [CONTENT_CHUNK] and CONTENT_CHUNK >= 100 * 1024
     assert len(protocol.writes) == 1
-    assert protocol.writes[0] == encode_data(content.data)
+    assert protocol.writes[0] == encode_data(content.raw)
+
+
+@dataclass(slots=True)
+class _InMemory:
+    """Content held in memory (``data``), recording whether ``chunks`` was read."""
+
+    raw: bytes
+    asked: list[int]
+
+    @property
+    def size(self) -> int:
+        return len(self.raw)
+
+    @property
+    def data(self) -> bytes:
+        return self.raw
+
+    async def chunks(self, chunk_size: int = 65536) -> AsyncIterator[bytes]:
+        self.asked.append(chunk_size)
+        for start in range(0, len(self.raw), chunk_size):
+            yield self.raw[start : start + chunk_size]
+
+
+@pytest.mark.parametrize(
+    ("raw", "streamed"),
+    [
+        (b"", False),
+        (b"Subject: x\r\n\r\n.dot\nlone cr\r" + b"x" * 900, False),
+        (b"Subject: x\r\n\r\n" + b".dot\r\n" * 60_000, True),  # over CONTENT_CHUNK
+    ],
+)
+async def test_content_in_memory_is_sent_as_streamed(raw: bytes, streamed: bool) -> None:
+    """Content held as ``data`` up to one chunk is sent from memory, byte for byte as streamed."""
+    in_memory, chunked = _InMemory(raw, []), _Recording(raw, [])
+    memory_writes, stream_writes = _Connection(), _Connection()
+    await _send(memory_writes, in_memory)
+    await _send(stream_writes, chunked)
+    assert memory_writes.writes == stream_writes.writes
+    assert b"".join(memory_writes.writes) == encode_data(raw)
+    assert in_memory.asked == ([CONTENT_CHUNK] if streamed else [])
