@@ -99,7 +99,8 @@ async def mail(s: Session, arg: str) -> None:
         )
         s.reply("452 4.3.1 Insufficient system storage")
         return
-    refused = s.ctx.gate.refuse(FlowFacts(path.address, s.client_addr, s.sasl_user))
+    facts = FlowFacts(path.address, s.client_addr, s.sasl_user)  # also the commit's (data)
+    refused = s.ctx.gate.refuse(facts)
     if refused is not None:  # this flow has too much mail waiting (qmgrd.listener.flowgate)
         s.log.warning("NOQUEUE: reject", stage="MAIL", client=s.client, code=refused[:9],
                       reason=refused[10:], from_=f"<{path.address}>")
@@ -126,7 +127,8 @@ async def mail(s: Session, arg: str) -> None:
             helo=s.dialogue.helo_name,
             warn_time=int(arrival) + warn if warn > 0 else None,
             sasl_username=s.sasl_user,
-        )
+        ),
+        facts,
     )
     s.reply("250 2.1.0 Ok")
 
@@ -244,7 +246,10 @@ async def data(s: Session, arg: str) -> None:
         sasl_username=s.sasl_user,
     )
     if not hold:
-        s.ctx.gate.committed(queue_id, FlowFacts(txn.sender, s.client_addr, s.sasl_user))
+        # MAIL's facts: sender and client are the transaction's, and AUTH (or STARTTLS,
+        # which drops the AUTH identity) is refused while a transaction is open
+        facts = txn.facts or FlowFacts(txn.sender, s.client_addr, s.sasl_user)
+        s.ctx.gate.committed(queue_id, facts)
         s.ctx.on_commit(_committed(s, txn, queue_id))
     s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered

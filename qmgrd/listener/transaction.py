@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmgrd.cleanup import Disposition, HeaderProcessor, MessageInfo, protocol_name
 from qmgrd.errors import SpoolError
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.protocol import Closed, Content, DataEnd, Dialogue, Event, ServerProtocol
 from qmgrd.listener.room import SpoolRoom
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
@@ -38,6 +39,7 @@ class Transaction:
     failed: bool = False  # a spool write failed: 451 until the transaction ends
     given: list[str] = field(default_factory=list)  # accepted recipients as sent (Received:)
     cleanup: HeaderProcessor | None = None  # DATA's header processing (settings.cleanup)
+    facts: FlowFacts | None = None  # MAIL's flow facts, for the gate at commit
 
 
 class TransactionIO:
@@ -73,9 +75,9 @@ class TransactionIO:
             room = self.ctx.room = SpoolRoom(str(self.ctx.committer.spool.root))
         return room.has_room(max(self.settings.queue_minfree, _MIN_FREE) + size)
 
-    def begin_transaction(self, head: EnvelopeHead) -> None:
+    def begin_transaction(self, head: EnvelopeHead, facts: FlowFacts | None = None) -> None:
         writer = QueueFileWriter(self.ctx.committer.spool, head, recycler=self.ctx.recycler)
-        self.txn = Transaction(head.sender, head.smtputf8, writer)
+        self.txn = Transaction(head.sender, head.smtputf8, writer, facts=facts)
         self.dialogue.move("mail")
 
     async def disk(self, func: Callable[[], None]) -> None:
@@ -118,12 +120,7 @@ class TransactionIO:
             return
         tls = self.tls is not None
         auth = self.sasl_user is not None
-        local = cleanup.is_local_client(
-            self.client_addr,
-            interfaces=[host for host, _ in self.settings.listen],
-            mynetworks=self.settings.permits_relay,
-            sasl_authenticated=auth,
-        )
+        local = self.settings.local_client(cleanup, self.client_addr, sasl=auth)
         txn.cleanup = HeaderProcessor(
             cleanup,
             MessageInfo(
