@@ -269,9 +269,14 @@ class HeaderStream:
             return
         name_len = header_name_length(content)
         if name_len > 0:
-            self._flush_header(out)
+            if self._cur:
+                self._flush_header(out)
             self._name_len = name_len
-            self._add_to_header(line, truncated)
+            if truncated or len(line) > self.limit:
+                self._add_to_header(line, truncated)
+            else:  # _add_to_header's common case: a header starts, whole (it is not blank)
+                self._cur.append(line)
+                self._cur_size = len(line)
             return
         self._flush_header(out)
         self._end_section(out, separator=True)

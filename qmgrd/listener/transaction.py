@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from qmgrd.listener.settings import ListenerSettings
     from qmgrd.listener.tls import TlsFacts
 
+_REJECT = Disposition.REJECT  # read once (an enum member read through its class costs)
 _MIN_FREE = 65536  # spool bytes MAIL wants free even with queue_minfree = 0 (a queue file)
 
 
@@ -178,5 +179,5 @@ class TransactionIO:
     @staticmethod
     def _store(txn: Transaction, data: bytes | memoryview) -> None:
         """Append content, unless cleanup already refused the message (it cannot change)."""
-        if txn.cleanup is None or txn.cleanup.outcome.disposition is not Disposition.REJECT:
+        if txn.cleanup is None or txn.cleanup.outcome.disposition is not _REJECT:
             txn.file.add_content(data)
