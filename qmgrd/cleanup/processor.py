@@ -47,7 +47,8 @@ from typing import Any
 
 from qmgrd.cleanup.addresses import Role, rewrite_header_value
 from qmgrd.cleanup.checks import Verb
-from qmgrd.cleanup.headers import HeaderClass, classify, header_name_length
+from qmgrd.cleanup.headers import CLASSES as _CLASSES
+from qmgrd.cleanup.headers import HeaderClass, header_name_length
 from qmgrd.cleanup.settings import CleanupSettings
 from qmgrd.cleanup.stream import HeaderStream
 from qmgrd.cleanup.trace import message_id, received_header
@@ -111,6 +112,7 @@ class Outcome:
 # Enum members read through their class cost a metaclass lookup each: read once here.
 _ACCEPT, _REJECT, _DISCARD = Disposition.ACCEPT, Disposition.REJECT, Disposition.DISCARD
 _HOP, _SENDER, _RECIPIENT = HeaderClass.HOP, HeaderClass.SENDER, HeaderClass.RECIPIENT
+_OTHER = HeaderClass.OTHER
 
 
 class HeaderProcessor(HeaderStream):
@@ -162,7 +164,7 @@ class HeaderProcessor(HeaderStream):
         # the stream measured the name when the header started (unless it was cut since)
         name_len = self._name_len if not truncated else header_name_length(raw)
         name = raw[:name_len].decode("ascii", "replace").lower()
-        kind = classify(name)
+        kind = _CLASSES.get(name, _OTHER)  # classify(name)
         self._seen.add(name)
         if kind is _HOP:
             self._hops += 1

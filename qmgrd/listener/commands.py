@@ -14,7 +14,7 @@ from qmgrd.cleanup import decide, rewrite_recipient, rewrite_sender
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.authcmd import MUST_STARTTLS, auth
-from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
+from qmgrd.listener.esmtp import MailParams, parse_mail_params, parse_rcpt_params
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.observer import Committed
@@ -24,6 +24,9 @@ from qmgrd.spool.writer import EnvelopeHead
 if TYPE_CHECKING:
     from qmgrd.listener.session import Session
     from qmgrd.listener.transaction import Transaction
+
+_NO_MAIL_PARAMS = MailParams()  # what parse_mail_params makes of no parameters (frozen)
+
 
 async def helo(s: Session, arg: str) -> None:
     await _greet(s, arg, extended=False)
@@ -81,7 +84,11 @@ async def mail(s: Session, arg: str) -> None:
     if path.params and not s.dialogue.extended:
         s.reply("501 5.5.4 Syntax: MAIL FROM:<address> (parameters need EHLO)")
         return
-    params = parse_mail_params(path.params, s.settings.message_size_limit)
+    params = (
+        parse_mail_params(path.params, s.settings.message_size_limit)
+        if path.params
+        else _NO_MAIL_PARAMS
+    )
     if isinstance(params, str):
         s.reply(params)
         return
@@ -157,7 +164,9 @@ async def rcpt(s: Session, arg: str) -> None:
     except AddressError:
         s.reply("501 5.1.3 Bad recipient address syntax")
         return
-    spec = parse_rcpt_params(path.address, path.params)
+    spec: RecipientSpec | str = (  # no parameters: what parse_rcpt_params would make
+        parse_rcpt_params(path.address, path.params) if path.params else RecipientSpec(path.address)
+    )
     if isinstance(spec, str):
         s.reply(spec)
         return
