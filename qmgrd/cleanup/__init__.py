@@ -57,14 +57,11 @@ __all__ = [
 ]
 
 
-_ENVELOPE_SENDER, _ENVELOPE_RECIPIENT = Role.ENVELOPE_SENDER, Role.ENVELOPE_RECIPIENT
-
-
 def rewrite_sender(settings: CleanupSettings, address: str) -> str:
     """The envelope sender after qualification, canonical maps and masquerading."""
-    return settings.rewriter.rewrite(address, _ENVELOPE_SENDER)
+    return settings.rewriter.envelope_sender(address)
 
 
 def rewrite_recipient(settings: CleanupSettings, address: str) -> str:
     """An envelope recipient after qualification, canonical maps and masquerading."""
-    return settings.rewriter.rewrite(address, _ENVELOPE_RECIPIENT)
+    return settings.rewriter.envelope_recipient(address)

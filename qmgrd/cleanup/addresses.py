@@ -52,6 +52,9 @@ class Role(enum.Enum):
         return self in (Role.ENVELOPE_SENDER, Role.HEADER_SENDER)
 
 
+_ENVELOPE_SENDER, _ENVELOPE_RECIPIENT = Role.ENVELOPE_SENDER, Role.ENVELOPE_RECIPIENT
+
+
 def _split(address: str) -> tuple[str, str | None]:
     at = address.rfind("@")
     if at < 0:
@@ -212,6 +215,14 @@ class AddressRewriter:
                     return address
                 return f"{local}@{name}"
         return address
+
+    def envelope_sender(self, address: str) -> str:
+        """``rewrite(address, Role.ENVELOPE_SENDER)`` (a bound method the listener passes)."""
+        return self.rewrite(address, _ENVELOPE_SENDER)
+
+    def envelope_recipient(self, address: str) -> str:
+        """``rewrite(address, Role.ENVELOPE_RECIPIENT)``."""
+        return self.rewrite(address, _ENVELOPE_RECIPIENT)
 
     def rewrite(self, address: str, role: Role) -> str:
         """All three steps, in Postfix's order."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from qmgrd.cleanup import decide, rewrite_recipient, rewrite_sender
+from qmgrd.cleanup import decide
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.authcmd import MUST_STARTTLS, auth
@@ -75,9 +75,8 @@ async def mail(s: Session, arg: str) -> None:
         return
     cleanup = s.settings.cleanup
     try:  # a bare "root" is qualified first (root@$myorigin), as Postfix's cleanup does
-        path = parse_path(
-            arg[5:], rewrite=(lambda a: rewrite_sender(cleanup, a)) if cleanup else None
-        )
+        # (the rewriter's bound method is rewrite_sender(cleanup, a))
+        path = parse_path(arg[5:], rewrite=cleanup.rewriter.envelope_sender if cleanup else None)
     except AddressError:
         s.reply("501 5.1.7 Bad sender address syntax")
         return
@@ -157,7 +156,7 @@ async def rcpt(s: Session, arg: str) -> None:
         path = parse_path(
             arg[3:],
             recipient=True,
-            rewrite=(lambda a: rewrite_recipient(cleanup, a)) if cleanup else None,
+            rewrite=cleanup.rewriter.envelope_recipient if cleanup else None,  # rewrite_recipient
         )
         if not path.address:
             raise AddressError("null recipient")

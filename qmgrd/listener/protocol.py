@@ -219,20 +219,20 @@ class ServerProtocol:
     # -- lines -------------------------------------------------------------------
 
     def _line_event(self, limit: int) -> Event | None:
-        end = self._buf.find(b"\n")
+        buf = self._buf
+        end = buf.find(b"\n")
         if end < 0:
-            if len(self._buf) > limit:
+            if len(buf) > limit:
                 self._discarding = True
-                self._buf.clear()
+                buf.clear()
             return None
-        raw = bytes(self._buf[:end])
-        del self._buf[: end + 1]
-        if self._discarding or len(raw) > limit:
+        # the line without its LF, and without a CR before it (one copy out of the buffer)
+        raw = bytes(buf[: end - 1]) if end and buf[end - 1] == 0x0D else bytes(buf[:end])
+        del buf[: end + 1]
+        if self._discarding or end > limit:  # ``end``: the line's length before a CR is cut
             self._discarding = False
             self.mode = _COMMAND
             return LineTooLong()
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
         if self.mode is _AUTH:
             self.mode = _COMMAND
             return AuthLine(raw)
