@@ -59,9 +59,9 @@ __all__ = [
 
 def rewrite_sender(settings: CleanupSettings, address: str) -> str:
     """The envelope sender after qualification, canonical maps and masquerading."""
-    return settings.rewriter.rewrite(address, Role.ENVELOPE_SENDER)
+    return settings.rewriter.envelope_sender(address)
 
 
 def rewrite_recipient(settings: CleanupSettings, address: str) -> str:
     """An envelope recipient after qualification, canonical maps and masquerading."""
-    return settings.rewriter.rewrite(address, Role.ENVELOPE_RECIPIENT)
+    return settings.rewriter.envelope_recipient(address)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qmgrd.tables import LookupTable, Order, address_keys, is_pattern_table, strip_extension
 
@@ -50,6 +50,9 @@ class Role(enum.Enum):
     def is_sender(self) -> bool:
         """True for the sender roles."""
         return self in (Role.ENVELOPE_SENDER, Role.HEADER_SENDER)
+
+
+_ENVELOPE_SENDER, _ENVELOPE_RECIPIENT = Role.ENVELOPE_SENDER, Role.ENVELOPE_RECIPIENT
 
 
 def _split(address: str) -> tuple[str, str | None]:
@@ -123,21 +126,29 @@ class AddressRewriter:
     masquerade_classes: frozenset[Role] = frozenset(
         {Role.ENVELOPE_SENDER, Role.HEADER_SENDER, Role.HEADER_RECIPIENT}
     )
+    # rewrites_nothing and changes_only_unqualified, worked out once (asked per address)
+    _qualify_only: bool = field(init=False, repr=False, compare=False)
+    _only_unqualified: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def rewrites_nothing(self) -> bool:
-        """True when rewrite() is the identity apart from qualification."""
-        return not (
+    def __post_init__(self) -> None:
+        qualify_only = not (
             self.canonical_maps
             or self.sender_canonical_maps
             or self.recipient_canonical_maps
             or self.masquerade_domains
         )
+        object.__setattr__(self, "_qualify_only", qualify_only)
+        object.__setattr__(self, "_only_unqualified", qualify_only and not self.append_dot_mydomain)
+
+    @property
+    def rewrites_nothing(self) -> bool:
+        """True when rewrite() is the identity apart from qualification."""
+        return self._qualify_only
 
     @property
     def changes_only_unqualified(self) -> bool:
         """True when rewrite() leaves every address with an ``@`` as it is."""
-        return self.rewrites_nothing and not self.append_dot_mydomain
+        return self._only_unqualified
 
     def qualify(self, address: str) -> str:
         """Step 1: ``root`` -> ``root@$myorigin``, ``u@host`` -> ``u@host.$mydomain``."""
@@ -205,8 +216,18 @@ class AddressRewriter:
                 return f"{local}@{name}"
         return address
 
+    def envelope_sender(self, address: str) -> str:
+        """``rewrite(address, Role.ENVELOPE_SENDER)`` (a bound method the listener passes)."""
+        return self.rewrite(address, _ENVELOPE_SENDER)
+
+    def envelope_recipient(self, address: str) -> str:
+        """``rewrite(address, Role.ENVELOPE_RECIPIENT)``."""
+        return self.rewrite(address, _ENVELOPE_RECIPIENT)
+
     def rewrite(self, address: str, role: Role) -> str:
         """All three steps, in Postfix's order."""
+        if self._qualify_only:  # no tables, no masquerading: steps 2 and 3 keep it as it is
+            return self.qualify(address)
         address = self.qualify(address)
         address = self.canonicalize(address, role)
         return self.masquerade(address, role)

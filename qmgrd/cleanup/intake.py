@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from qmgrd.cleanup.processor import Disposition, Outcome
 
+_ACCEPT = Disposition.ACCEPT
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -36,9 +38,14 @@ class Decision:
     recipients: tuple[str, ...] | None  # REDIRECT: the recipients that replace all others
 
 
+_STORE = Decision(True, False, None, None)  # the common case, built once (it is frozen)
+
+
 def decide(outcome: Outcome) -> Decision:
     """The listener's course of action for this outcome (module doc)."""
     d = outcome.disposition
+    if d is _ACCEPT and not outcome.redirect:
+        return _STORE
     redirect = (outcome.redirect,) if outcome.redirect else None
     if d is Disposition.REJECT:
         return Decision(False, False, outcome.reply, None)

@@ -47,10 +47,11 @@ from typing import Any
 
 from qmgrd.cleanup.addresses import Role, rewrite_header_value
 from qmgrd.cleanup.checks import Verb
-from qmgrd.cleanup.headers import HeaderClass, classify, header_name_length
+from qmgrd.cleanup.headers import CLASSES as _CLASSES
+from qmgrd.cleanup.headers import HeaderClass, header_name_length
 from qmgrd.cleanup.settings import CleanupSettings
 from qmgrd.cleanup.stream import HeaderStream
-from qmgrd.cleanup.trace import mail_date, message_id, received_header
+from qmgrd.cleanup.trace import message_id, received_header
 from qmgrd.log import get_logger
 
 _BLANKS = b" \t"
@@ -75,7 +76,10 @@ class Disposition(enum.Enum):
     TOO_MANY_HOPS = "hops"  # SMTP: reply Outcome.reply; pickup: bounce 5.4.0
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (STYLE 5's exception for a hot value): one is built per message, and a frozen
+# dataclass's __init__ pays an object.__setattr__ call per field (11 here). Nothing
+# changes it after construction.
+@dataclass(slots=True)
 class MessageInfo:
     """What the processor needs to know about the message's envelope and client."""
 
@@ -105,15 +109,22 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
 
 
+# Enum members read through their class cost a metaclass lookup each: read once here.
+_ACCEPT, _REJECT, _DISCARD = Disposition.ACCEPT, Disposition.REJECT, Disposition.DISCARD
+_HOP, _SENDER, _RECIPIENT = HeaderClass.HOP, HeaderClass.SENDER, HeaderClass.RECIPIENT
+_OTHER = HeaderClass.OTHER
+
+
 class HeaderProcessor(HeaderStream):
     """One message's header section (module doc); feed bytes, write what comes back."""
 
-    __slots__ = ("_hops", "_info", "_log", "_seen", "_settings", "outcome")
+    __slots__ = ("_checks", "_hops", "_info", "_log", "_seen", "_settings", "outcome")
 
     def __init__(self, settings: CleanupSettings, info: MessageInfo, log: Any = None) -> None:
         self._settings = settings
         self._info = info
         self._log = log if log is not None else get_logger("cleanup")
+        self._checks = bool(settings.header_checks)  # asked for every header
         super().__init__(settings.header_size_limit)
         self._seen: set[str] = set()
         self._hops = 0
@@ -134,6 +145,7 @@ class HeaderProcessor(HeaderStream):
             protocol=info.protocol,
             recipients=info.recipients,
             uid=info.uid,
+            date=s.dates(info.now),
         )
         out += self._encode_lines(text)
 
@@ -148,17 +160,15 @@ class HeaderProcessor(HeaderStream):
         self._log_message_id()
 
     def _header(self, raw: bytes, truncated: bool) -> bytes:
-        return self._process_header(raw, truncated)
-
-    def _process_header(self, raw: bytes, truncated: bool) -> bytes:
         s, outcome = self._settings, self.outcome
-        name_len = header_name_length(raw)
+        # the stream measured the name when the header started (unless it was cut since)
+        name_len = self._name_len if not truncated else header_name_length(raw)
         name = raw[:name_len].decode("ascii", "replace").lower()
-        kind = classify(name)
+        kind = _CLASSES.get(name, _OTHER)  # classify(name)
         self._seen.add(name)
-        if kind is HeaderClass.HOP:
+        if kind is _HOP:
             self._hops += 1
-            if self._hops >= s.hopcount_limit and outcome.disposition is Disposition.ACCEPT:
+            if self._hops >= s.hopcount_limit and outcome.disposition is _ACCEPT:
                 outcome.disposition = Disposition.TOO_MANY_HOPS
                 outcome.reply = "554 5.4.0 Error: too many hops"
                 self._log.info(
@@ -167,14 +177,12 @@ class HeaderProcessor(HeaderStream):
                     "5.4.0 too many hops",
                     queue_id=self._info.queue_id,
                 )
-        text = "" if name != "message-id" and not s.header_checks else _text(raw)
+        checks = self._checks
+        text = "" if name != "message-id" and not checks else _text(raw)
         if name == "message-id" and outcome.message_id is None:
             outcome.message_id = text[name_len:].split(":", 1)[-1].strip()[:MESSAGE_ID_LOG_LIMIT]
         prefix = b""
-        if s.header_checks and outcome.disposition not in (
-            Disposition.REJECT,
-            Disposition.DISCARD,
-        ):
+        if checks and outcome.disposition not in (_REJECT, _DISCARD):
             key = text.rstrip("\r\n").replace("\r\n", "\n")
             action = s.header_checks.check(key)
             if action is not None:
@@ -188,16 +196,12 @@ class HeaderProcessor(HeaderStream):
                         return self._encode_lines(replaced)
         if name in s.drop_headers:
             return prefix
-        if (
-            self._info.local
-            and not truncated
-            and kind in (HeaderClass.SENDER, HeaderClass.RECIPIENT)
-        ):
+        if self._info.local and not truncated and (kind is _SENDER or kind is _RECIPIENT):
             colon = raw.index(b":", name_len)  # the name and blanks are ASCII: same offset
-            if s.rewriter.changes_only_unqualified and _QUALIFIED.match(raw, colon + 1):
+            if s.rewriter._only_unqualified and _QUALIFIED.match(raw, colon + 1):
                 return prefix + raw  # one address with a domain: rewriting keeps it
             text = text or _text(raw)
-            role = Role.HEADER_SENDER if kind is HeaderClass.SENDER else Role.HEADER_RECIPIENT
+            role = Role.HEADER_SENDER if kind is _SENDER else Role.HEADER_RECIPIENT
             value = text[colon + 1 :]
             new_value = rewrite_header_value(value, lambda a: s.rewriter.rewrite(a, role))
             if new_value != value:
@@ -265,7 +269,7 @@ class HeaderProcessor(HeaderStream):
                 value = f"{info.full_name} <{sender}>" if info.full_name else sender
                 out += self._encode_lines(f"From: {value}")
             if "date" not in seen:
-                out += self._encode_lines(f"Date: {mail_date(info.now)}")
+                out += self._encode_lines(f"Date: {s.dates(info.now)}")
             if "message-id" not in seen:
                 mid = message_id(info.now, info.queue_id, s.myhostname)
                 out += self._encode_lines(f"Message-Id: {mid}")

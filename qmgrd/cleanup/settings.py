@@ -12,10 +12,11 @@ Postfix's meaning), ``permit_mynetworks``, ``permit_sasl_authenticated``,
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qmgrd.cleanup.addresses import AddressRewriter, Role
 from qmgrd.cleanup.checks import HeaderChecks, open_header_checks
+from qmgrd.cleanup.trace import LastDate
 from qmgrd.config.config import Config
 from qmgrd.config.maps import open_maps, setting_where
 from qmgrd.errors import ConfigError
@@ -47,6 +48,9 @@ class CleanupSettings:
     undisclosed_recipients_header: str = ""
     drop_headers: frozenset[str] = frozenset({"bcc", "content-length", "resent-bcc", "return-path"})
     header_checks: HeaderChecks = NO_HEADER_CHECKS
+    # mail_date of the last second asked (Received:, a missing Date:); not an init field,
+    # so a copy made with dataclasses.replace gets its own.
+    dates: LastDate = field(default_factory=LastDate, init=False, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, cfg: Config) -> CleanupSettings:

@@ -9,6 +9,8 @@ chunks of any size with `feed` (writing what it returns) and calls `finish`.
   CR LF unless the first line ends with a bare LF);
 - ``_header(raw, truncated) -> bytes``: each logical header (its lines with
   their endings); returns what to write instead (``raw`` to keep it);
+  ``_name_len`` is then its name's length (`header_name_length` of its first
+  line, as it came: when ``truncated``, of the line before any cut);
 - ``_end(out)``: once, when the header section ends (before the empty line);
 - ``_truncated()``: a header was cut at ``limit`` bytes; ``_done()``: at finish.
 
@@ -55,6 +57,7 @@ class HeaderStream:
         "_cur_truncated",
         "_eol",
         "_head",
+        "_name_len",
         "_partial",
         "_partial_drop",
         "_partial_kind",
@@ -70,6 +73,7 @@ class HeaderStream:
         self._cur: list[bytes] = []  # lines of the header being collected
         self._cur_size = 0
         self._cur_truncated = False
+        self._name_len = 0  # header_name_length of the header being collected
         self._partial = bytearray()  # an incomplete line (headers only)
         self._partial_drop = False
         self._partial_kind: str | None = None  # "crlf" / "lf": the ending of a cut line
@@ -263,9 +267,16 @@ class HeaderStream:
         if content[:1] in (b" ", b"\t") and self._cur:
             self._add_to_header(line, truncated)
             return
-        if header_name_length(content) > 0:
-            self._flush_header(out)
-            self._add_to_header(line, truncated)
+        name_len = header_name_length(content)
+        if name_len > 0:
+            if self._cur:
+                self._flush_header(out)
+            self._name_len = name_len
+            if truncated or len(line) > self.limit:
+                self._add_to_header(line, truncated)
+            else:  # _add_to_header's common case: a header starts, whole (it is not blank)
+                self._cur.append(line)
+                self._cur_size = len(line)
             return
         self._flush_header(out)
         self._end_section(out, separator=True)

@@ -32,7 +32,9 @@ class AddressError(ValueError):
     """The address is malformed; ``str()`` says why (not sent to the client)."""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen (STYLE 5's exception for a hot value): two are built per message, and a
+# frozen dataclass's __init__ pays an object.__setattr__ call per field.
+@dataclass(slots=True)
 class Path:
     """A parsed reverse- or forward-path: the address and the ESMTP parameter words."""
 

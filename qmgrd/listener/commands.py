@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from qmgrd.cleanup import decide, rewrite_recipient, rewrite_sender
+from qmgrd.cleanup import decide
 from qmgrd.errors import SpoolError
 from qmgrd.listener.address import AddressError, parse_path
 from qmgrd.listener.authcmd import MUST_STARTTLS, auth
-from qmgrd.listener.esmtp import parse_mail_params, parse_rcpt_params
+from qmgrd.listener.esmtp import MailParams, parse_mail_params, parse_rcpt_params
 from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.inflow import OVERLOAD_REPLY
 from qmgrd.listener.observer import Committed
@@ -24,6 +24,9 @@ from qmgrd.spool.writer import EnvelopeHead
 if TYPE_CHECKING:
     from qmgrd.listener.session import Session
     from qmgrd.listener.transaction import Transaction
+
+_NO_MAIL_PARAMS = MailParams()  # what parse_mail_params makes of no parameters (frozen)
+
 
 async def helo(s: Session, arg: str) -> None:
     await _greet(s, arg, extended=False)
@@ -72,16 +75,19 @@ async def mail(s: Session, arg: str) -> None:
         return
     cleanup = s.settings.cleanup
     try:  # a bare "root" is qualified first (root@$myorigin), as Postfix's cleanup does
-        path = parse_path(
-            arg[5:], rewrite=(lambda a: rewrite_sender(cleanup, a)) if cleanup else None
-        )
+        # (the rewriter's bound method is rewrite_sender(cleanup, a))
+        path = parse_path(arg[5:], rewrite=cleanup.rewriter.envelope_sender if cleanup else None)
     except AddressError:
         s.reply("501 5.1.7 Bad sender address syntax")
         return
     if path.params and not s.dialogue.extended:
         s.reply("501 5.5.4 Syntax: MAIL FROM:<address> (parameters need EHLO)")
         return
-    params = parse_mail_params(path.params, s.settings.message_size_limit)
+    params = (
+        parse_mail_params(path.params, s.settings.message_size_limit)
+        if path.params
+        else _NO_MAIL_PARAMS
+    )
     if isinstance(params, str):
         s.reply(params)
         return
@@ -99,7 +105,8 @@ async def mail(s: Session, arg: str) -> None:
         )
         s.reply("452 4.3.1 Insufficient system storage")
         return
-    refused = s.ctx.gate.refuse(FlowFacts(path.address, s.client_addr, s.sasl_user))
+    facts = FlowFacts(path.address, s.client_addr, s.sasl_user)  # also the commit's (data)
+    refused = s.ctx.gate.refuse(facts)
     if refused is not None:  # this flow has too much mail waiting (qmgrd.listener.flowgate)
         s.log.warning("NOQUEUE: reject", stage="MAIL", client=s.client, code=refused[:9],
                       reason=refused[10:], from_=f"<{path.address}>")
@@ -126,7 +133,8 @@ async def mail(s: Session, arg: str) -> None:
             helo=s.dialogue.helo_name,
             warn_time=int(arrival) + warn if warn > 0 else None,
             sasl_username=s.sasl_user,
-        )
+        ),
+        facts,
     )
     s.reply("250 2.1.0 Ok")
 
@@ -148,14 +156,16 @@ async def rcpt(s: Session, arg: str) -> None:
         path = parse_path(
             arg[3:],
             recipient=True,
-            rewrite=(lambda a: rewrite_recipient(cleanup, a)) if cleanup else None,
+            rewrite=cleanup.rewriter.envelope_recipient if cleanup else None,  # rewrite_recipient
         )
         if not path.address:
             raise AddressError("null recipient")
     except AddressError:
         s.reply("501 5.1.3 Bad recipient address syntax")
         return
-    spec = parse_rcpt_params(path.address, path.params)
+    spec: RecipientSpec | str = (  # no parameters: what parse_rcpt_params would make
+        parse_rcpt_params(path.address, path.params) if path.params else RecipientSpec(path.address)
+    )
     if isinstance(spec, str):
         s.reply(spec)
         return
@@ -244,7 +254,10 @@ async def data(s: Session, arg: str) -> None:
         sasl_username=s.sasl_user,
     )
     if not hold:
-        s.ctx.gate.committed(queue_id, FlowFacts(txn.sender, s.client_addr, s.sasl_user))
+        # MAIL's facts: sender and client are the transaction's, and AUTH (or STARTTLS,
+        # which drops the AUTH identity) is refused while a transaction is open
+        facts = txn.facts or FlowFacts(txn.sender, s.client_addr, s.sasl_user)
+        s.ctx.gate.committed(queue_id, facts)
         s.ctx.on_commit(_committed(s, txn, queue_id))
     s.ctx.observer.message_accepted(txn.file.rcpt_count)
     s.junk = 0  # Postfix: the junk count is reset after mail is delivered

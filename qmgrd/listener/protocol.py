@@ -120,6 +120,16 @@ class Mode(enum.Enum):
     CLOSED = "closed"
 
 
+# Enum members read through their class cost a metaclass lookup each: read once here.
+_COMMAND, _DATA, _AUTH, _CLOSED = Mode.COMMAND, Mode.DATA, Mode.AUTH, Mode.CLOSED
+# Lines that are a verb alone, upper-cased: the very Command the general path makes
+# (Command is frozen, so one instance serves every session).
+_BARE = {
+    verb.encode(): Command(verb, "")
+    for verb in ("DATA", "QUIT", "RSET", "NOOP", "STARTTLS", "HELP", "VRFY")
+}
+
+
 class ServerProtocol:
     """Framing of one SMTP server connection (see the module docstring)."""
 
@@ -140,7 +150,7 @@ class ServerProtocol:
         if command_limit < 512:  # RFC 5321 §4.5.3.1.4
             raise InvariantError(f"command_limit {command_limit} < 512")
         self.command_limit = command_limit
-        self.mode = Mode.COMMAND
+        self.mode = _COMMAND
         self._buf = bytearray()
         self._eof = False
         self._discarding = False  # inside an overlong line, until its LF
@@ -159,7 +169,7 @@ class ServerProtocol:
         """Append bytes from the client; call ``next_event`` to get what they mean."""
         if self._eof:
             raise InvariantError("receive_data after receive_eof")
-        if self.mode is Mode.DATA:
+        if self.mode is _DATA:
             self._parts.append(data)  # scanned whole by _data_event: no copy here
         else:
             self._buf += data
@@ -170,36 +180,36 @@ class ServerProtocol:
 
     def start_data(self) -> None:
         """The caller answered DATA with 354: the following bytes are the message."""
-        if self.mode is not Mode.COMMAND:
+        if self.mode is not _COMMAND:
             raise InvariantError(f"start_data in mode {self.mode.name}")
-        self.mode = Mode.DATA
+        self.mode = _DATA
         self._prefix = b"\r\n"  # the start of the stream counts as following a CRLF
         self._held = b""
         self._size = 0
 
     def expect_auth_line(self) -> None:
         """The caller sent a 334 challenge: the next line is the client's response."""
-        if self.mode is not Mode.COMMAND:
+        if self.mode is not _COMMAND:
             raise InvariantError(f"expect_auth_line in mode {self.mode.name}")
-        self.mode = Mode.AUTH
+        self.mode = _AUTH
 
     def next_event(self) -> Event | None:
         """The next event, or None when more data is needed."""
         if self._pending is not None:
             done, self._pending = self._pending, None
             return done
-        if self.mode is Mode.CLOSED:
+        if self.mode is _CLOSED:
             return Closed(in_data=False)  # again: nothing more will come
         event: Event | None
-        if self.mode is Mode.DATA:
+        if self.mode is _DATA:
             event = self._data_event()
-        elif self.mode is Mode.AUTH:
+        elif self.mode is _AUTH:
             event = self._line_event(AUTH_LINE_LIMIT)
         else:
             event = self._line_event(self.command_limit)
         if event is None and self._eof:
-            in_data = self.mode is Mode.DATA
-            self.mode = Mode.CLOSED
+            in_data = self.mode is _DATA
+            self.mode = _CLOSED
             self._buf.clear()
             self._parts.clear()
             self._held = b""
@@ -209,23 +219,26 @@ class ServerProtocol:
     # -- lines -------------------------------------------------------------------
 
     def _line_event(self, limit: int) -> Event | None:
-        end = self._buf.find(b"\n")
+        buf = self._buf
+        end = buf.find(b"\n")
         if end < 0:
-            if len(self._buf) > limit:
+            if len(buf) > limit:
                 self._discarding = True
-                self._buf.clear()
+                buf.clear()
             return None
-        raw = bytes(self._buf[:end])
-        del self._buf[: end + 1]
-        if self._discarding or len(raw) > limit:
+        # the line without its LF, and without a CR before it (one copy out of the buffer)
+        raw = bytes(buf[: end - 1]) if end and buf[end - 1] == 0x0D else bytes(buf[:end])
+        del buf[: end + 1]
+        if self._discarding or end > limit:  # ``end``: the line's length before a CR is cut
             self._discarding = False
-            self.mode = Mode.COMMAND
+            self.mode = _COMMAND
             return LineTooLong()
-        if raw.endswith(b"\r"):
-            raw = raw[:-1]
-        if self.mode is Mode.AUTH:
-            self.mode = Mode.COMMAND
+        if self.mode is _AUTH:
+            self.mode = _COMMAND
             return AuthLine(raw)
+        bare = _BARE.get(raw)
+        if bare is not None:
+            return bare
         text = raw.decode("utf-8", "surrogateescape")
         verb, _, arg = text.partition(" ")
         return Command(verb.upper(), arg)
@@ -258,7 +271,7 @@ class ServerProtocol:
         if end >= 0:
             self._buf[:] = stream[end:]
             self._held = b""
-            self.mode = Mode.COMMAND
+            self.mode = _COMMAND
             self._pending = DataEnd(self._size)
             return Content(out)
         self._held = stream[held_from:]
@@ -278,6 +291,13 @@ class Phase(enum.Enum):
     READY = "ready"  # HELO/EHLO seen, no transaction
     MAIL = "mail"  # MAIL accepted, no recipient yet
     RCPT = "rcpt"  # at least one recipient accepted
+
+    # Members are singletons compared by identity: hash them by identity too, in C
+    # (Enum's own __hash__ is Python, paid at every table lookup of a command).
+    __hash__ = object.__hash__
+
+
+_MAIL, _RCPT = Phase.MAIL, Phase.RCPT
 
 
 _HELO_FIRST = "503 5.5.1 Error: send HELO/EHLO first"
@@ -339,4 +359,4 @@ class Dialogue:
 
     @property
     def in_transaction(self) -> bool:
-        return self.phase in (Phase.MAIL, Phase.RCPT)
+        return self.phase is _MAIL or self.phase is _RCPT

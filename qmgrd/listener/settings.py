@@ -94,6 +94,11 @@ class ListenerSettings:
     _exempt_memo: dict[str, bool] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
+    # cleanup.is_local_client's answers by (client address, authenticated) (every message
+    # asks; the rules, interfaces and networks are fixed for these settings).
+    _local_memo: dict[tuple[str, bool], bool] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.smtpd_recipient_limit < 1:
@@ -154,6 +159,22 @@ class ListenerSettings:
             service=service,
             cleanup=cleanup,
         )
+
+    def local_client(self, cleanup: CleanupSettings, addr: str, *, sasl: bool) -> bool:
+        """``cleanup.is_local_client`` for a client of this listener (``cleanup`` is ours)."""
+        key = (addr, sasl)
+        known = self._local_memo.get(key)
+        if known is None:
+            known = cleanup.is_local_client(
+                addr,
+                interfaces=[host for host, _ in self.listen],
+                mynetworks=self.permits_relay,
+                sasl_authenticated=sasl,
+            )
+            if len(self._local_memo) >= _MEMO_SIZE:  # many client addresses: start over
+                self._local_memo.clear()
+            self._local_memo[key] = known
+        return known
 
     def permits_relay(self, addr: str) -> bool:
         """Whether a client at ``addr`` is inside mynetworks."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from qmgrd.cleanup import Disposition, HeaderProcessor, MessageInfo, protocol_name
 from qmgrd.errors import SpoolError
+from qmgrd.listener.flowgate import FlowFacts
 from qmgrd.listener.protocol import Closed, Content, DataEnd, Dialogue, Event, ServerProtocol
 from qmgrd.listener.room import SpoolRoom
 from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from qmgrd.listener.settings import ListenerSettings
     from qmgrd.listener.tls import TlsFacts
 
+_REJECT = Disposition.REJECT  # read once (an enum member read through its class costs)
 _MIN_FREE = 65536  # spool bytes MAIL wants free even with queue_minfree = 0 (a queue file)
 
 
@@ -38,6 +40,7 @@ class Transaction:
     failed: bool = False  # a spool write failed: 451 until the transaction ends
     given: list[str] = field(default_factory=list)  # accepted recipients as sent (Received:)
     cleanup: HeaderProcessor | None = None  # DATA's header processing (settings.cleanup)
+    facts: FlowFacts | None = None  # MAIL's flow facts, for the gate at commit
 
 
 class TransactionIO:
@@ -73,9 +76,9 @@ class TransactionIO:
             room = self.ctx.room = SpoolRoom(str(self.ctx.committer.spool.root))
         return room.has_room(max(self.settings.queue_minfree, _MIN_FREE) + size)
 
-    def begin_transaction(self, head: EnvelopeHead) -> None:
+    def begin_transaction(self, head: EnvelopeHead, facts: FlowFacts | None = None) -> None:
         writer = QueueFileWriter(self.ctx.committer.spool, head, recycler=self.ctx.recycler)
-        self.txn = Transaction(head.sender, head.smtputf8, writer)
+        self.txn = Transaction(head.sender, head.smtputf8, writer, facts=facts)
         self.dialogue.move("mail")
 
     async def disk(self, func: Callable[[], None]) -> None:
@@ -118,12 +121,7 @@ class TransactionIO:
             return
         tls = self.tls is not None
         auth = self.sasl_user is not None
-        local = cleanup.is_local_client(
-            self.client_addr,
-            interfaces=[host for host, _ in self.settings.listen],
-            mynetworks=self.settings.permits_relay,
-            sasl_authenticated=auth,
-        )
+        local = self.settings.local_client(cleanup, self.client_addr, sasl=auth)
         txn.cleanup = HeaderProcessor(
             cleanup,
             MessageInfo(
@@ -181,5 +179,5 @@ class TransactionIO:
     @staticmethod
     def _store(txn: Transaction, data: bytes | memoryview) -> None:
         """Append content, unless cleanup already refused the message (it cannot change)."""
-        if txn.cleanup is None or txn.cleanup.outcome.disposition is not Disposition.REJECT:
+        if txn.cleanup is None or txn.cleanup.outcome.disposition is not _REJECT:
             txn.file.add_content(data)

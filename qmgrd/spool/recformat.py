@@ -75,8 +75,13 @@ def _dec(data: bytes) -> str:
     return data.decode("utf-8", "surrogateescape")
 
 
+_ONE_BYTE = tuple(bytes((i,)) for i in range(0x80))  # the varints below 128 (most lengths)
+
+
 def encode_varint(value: int) -> bytes:
     """Little-endian base-128 encoding of a non-negative int."""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
     if value < 0:
         raise InvariantError(f"negative record length {value}")
     out = bytearray()
@@ -92,7 +97,10 @@ def encode_varint(value: int) -> bytes:
 
 def encode_record(rtype: int, payload: bytes) -> bytes:
     """One record: type byte, varint length, payload."""
-    return bytes((rtype,)) + encode_varint(len(payload)) + payload
+    size = len(payload)
+    if size < 0x80:  # a one-byte length (most records)
+        return bytes((rtype, size)) + payload
+    return bytes((rtype,)) + encode_varint(size) + payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,8 @@ class RecipientSpec:
     notify: frozenset[str] = frozenset()  # subset of NOTIFY_KEYWORDS; empty = not given
 
     def __post_init__(self) -> None:
+        if not self.notify:  # NOTIFY not given (most recipients): nothing to check
+            return
         unknown = self.notify - _NOTIFY_BITS.keys()
         if unknown:
             raise InvariantError(f"unknown NOTIFY keywords {sorted(unknown)}")
@@ -148,6 +158,8 @@ class RecipientRecord:
 
 
 def _encode_recipient(rcpt: RecipientSpec) -> bytes:
+    if rcpt.orcpt is None and not rcpt.notify:  # no DSN parameters: flags 0, the address
+        return encode_record(REC_RCPT, b"\x00" + _enc(rcpt.address))
     flags = 0
     for word in rcpt.notify:
         flags |= _NOTIFY_BITS[word]
