@@ -221,7 +221,7 @@ class Session(TransactionIO):
                     self._pending = event.verb
                     await handler(self, event.arg)
                     self._pending = None
-                self.counts.record(event.verb if handler else "unknown", ok=self._ok)
+                self.counts.record(event.verb if handler else "unknown", self._ok)
             if self.errors >= self.settings.hard_error_limit and not self._closing:
                 self.log.info("too many errors", after=self.last_verb, client=self.client)
                 self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")

@@ -22,6 +22,8 @@ from qmgrd.log.render import POSTFIX_COMMAND_ORDER
 __all__ = ["CommandCounts"]
 
 _KNOWN = frozenset(POSTFIX_COMMAND_ORDER)
+# A verb as the protocol gives it (upper case) or as logged: its name, without a lower().
+_NAMES = {name.upper(): name for name in POSTFIX_COMMAND_ORDER} | {n: n for n in _KNOWN}
 
 
 @dataclass(slots=True, eq=False)
@@ -32,13 +34,18 @@ class CommandCounts:
 
     def record(self, command: str, ok: bool) -> None:
         """One command answered: ``ok`` when its final reply was positive."""
-        name = command.lower()
-        if name not in _KNOWN:
-            name = "unknown"
-        pair = self._counts.setdefault(name, [0, 0])
-        pair[1] += 1
-        if ok:
-            pair[0] += 1
+        name = _NAMES.get(command)
+        if name is None:
+            name = command.lower()
+            if name not in _KNOWN:
+                name = "unknown"
+        pair = self._counts.get(name)
+        if pair is None:
+            self._counts[name] = [1 if ok else 0, 1]
+        else:
+            pair[1] += 1
+            if ok:
+                pair[0] += 1
 
     def as_field(self) -> dict[str, tuple[int, int]]:
         """The ``commands`` field of the ``disconnect`` event: name → (ok, total)."""
