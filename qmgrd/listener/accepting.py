@@ -150,6 +150,8 @@ class Acceptor:
 
     def room(self) -> None:
         """A session ended: during a hold, take the client waiting longest (module doc)."""
+        if not self._held:  # the usual: no hold
+            return
         for sock in list(self._held):
             if sock.fileno() >= 0 and self._accept(sock, 1):
                 return

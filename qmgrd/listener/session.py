@@ -201,7 +201,17 @@ class Session(TransactionIO):
 
     async def _serve(self) -> None:
         while not self._closing:
-            event = await self.next_event()
+            # next_event's steps, without a coroutine of its own per command
+            event = self.proto.next_event()
+            while event is None:
+                if self._send():
+                    await self._drain()
+                data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
+                if data:
+                    self.proto.receive_data(data)
+                else:
+                    self.proto.receive_eof()
+                event = self.proto.next_event()
             if isinstance(event, Closed):
                 self._lost()  # the client left without QUIT
                 return

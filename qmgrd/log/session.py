@@ -30,7 +30,7 @@ _NAMES = {name.upper(): name for name in POSTFIX_COMMAND_ORDER} | {n: n for n in
 class CommandCounts:
     """Successful and total counts per command name, for one SMTP session."""
 
-    _counts: dict[str, list[int]] = field(default_factory=dict)
+    _counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (ok, total)
 
     def record(self, command: str, ok: bool) -> None:
         """One command answered: ``ok`` when its final reply was positive."""
@@ -39,14 +39,13 @@ class CommandCounts:
             name = command.lower()
             if name not in _KNOWN:
                 name = "unknown"
-        pair = self._counts.get(name)
+        counts = self._counts
+        pair = counts.get(name)
         if pair is None:
-            self._counts[name] = [1 if ok else 0, 1]
+            counts[name] = (1, 1) if ok else (0, 1)
         else:
-            pair[1] += 1
-            if ok:
-                pair[0] += 1
+            counts[name] = (pair[0] + 1, pair[1] + 1) if ok else (pair[0], pair[1] + 1)
 
     def as_field(self) -> dict[str, tuple[int, int]]:
         """The ``commands`` field of the ``disconnect`` event: name → (ok, total)."""
-        return {name: (ok, total) for name, (ok, total) in self._counts.items()}
+        return dict(self._counts)  # a copy: the event keeps these counts
