@@ -52,6 +52,7 @@ every call, so a capture that starts or ends later is honoured.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -222,7 +223,36 @@ def _postfix_line(event: str, fields: dict[str, Any], tails: dict[Any, str]) -> 
 
 
 class LineLog:
-    """``info`` lines of one logger through the direct path (module doc)."""
+    """``info`` lines of one logger through the direct path (module doc).
+
+    ``info`` is the bound method of a :class:`_Lines` that holds the state: a type
+    with ``__getattr__`` (this one, for the delegation) gets no specialised attribute
+    lookups, and ``info`` reads its state on every line.
+    """
+
+    __slots__ = ("_log", "info")
+
+    def __init__(self, log: Any) -> None:
+        """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
+        if isinstance(log, LineLog):
+            log = log.logger
+        self._log: Any = log
+        self.info: Callable[..., None] = _Lines(log).info
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
+        if name.startswith("_"):  # never the slots themselves (copy, pickle: no recursion)
+            raise AttributeError(name)
+        return getattr(self._log, name)
+
+    @property
+    def logger(self) -> Any:
+        """The wrapped structlog logger."""
+        return self._log
+
+
+class _Lines:
+    """A :class:`LineLog`'s state and its ``info`` (module doc)."""
 
     __slots__ = (
         "_component",
@@ -236,9 +266,6 @@ class LineLog:
     )
 
     def __init__(self, log: Any) -> None:
-        """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
-        if isinstance(log, LineLog):
-            log = log.logger
         self._log: Any = log
         self._tails: dict[Any, str] = {}  # the disconnect lines' count texts (_disconnect_line)
         self._output: LogOutput | None = None
@@ -258,17 +285,6 @@ class LineLog:
         self._component = self._context.get("component")
         is_enabled = getattr(log, "is_enabled_for", None)
         self._enabled = bool(is_enabled(logging.INFO)) if callable(is_enabled) else True
-
-    def __getattr__(self, name: str) -> Any:
-        """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
-        if name.startswith("_"):  # never the slots themselves (copy, pickle: no recursion)
-            raise AttributeError(name)
-        return getattr(self._log, name)
-
-    @property
-    def logger(self) -> Any:
-        """The wrapped structlog logger."""
-        return self._log
 
     def _direct(self) -> LogOutput | None:
         """The output to write to directly, or None while another chain is configured."""
