@@ -27,7 +27,8 @@ delivered. Neither runs in this process, so under valgrind (which follows no
 ``exec`` unless told to) only the server is measured.
 
 Printed per round: sessions, the messages the helper saw committed, and this
-process's CPU (``time.process_time``) per session in ms. A benchmark prints;
+process's CPU (``time.process_time``) per session in ms; at the end the maillog's
+line count (``--keep-log PATH`` keeps the file, to compare two versions' lines). A benchmark prints;
 nothing is asserted. Everything binds to 127.0.0.1; each round is bounded by
 ``--timeout``.
 """
@@ -183,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", default=None, help="where the spool goes (default: temp dir)")
     parser.add_argument("--source", default=SOURCE, help="the smtp-source program")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per round at most")
+    parser.add_argument("--keep-log", default=None, help="copy the maillog file here at the end")
     parser.add_argument("--drain", nargs=2, metavar=("FD", "SPOOL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.drain:
@@ -204,6 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             with (root / "maillog").open("rb") as log:
                 print(f"maillog lines={sum(1 for _ in log)}")
+            if args.keep_log:
+                shutil.copy(root / "maillog", args.keep_log)
         finally:
             output.close()
     finally:
