@@ -165,11 +165,7 @@ class ListenerHandle:
             self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
             return True  # that client's limit, not this listener's capacity
         counters.connect(addr)
-        task = self._loop.create_task(
-            self._session(conn, addr, settings, gate)
-            if anvil is None  # no coroutine in between: every step of the task passes it
-            else self._serve(conn, addr, settings, gate, anvil)
-        )
+        task = self._loop.create_task(self._serve(conn, addr, settings, gate, anvil))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
@@ -193,12 +189,15 @@ class ListenerHandle:
         addr: str,
         settings: ListenerSettings,
         gate: IntakeGate,
-        anvil: SharedCounts,
+        anvil: SharedCounts | None = None,
     ) -> None:
-        """Serve one connection ``gate`` admitted, asking ``anvil`` for the client's count
-        first (every listener process's sessions: ``limits.SharedCounts``; no answer in
+        """Serve one connection ``gate`` admitted; with ``anvil`` the client's count is asked
+        there first (every listener process's sessions: ``limits.SharedCounts``; no answer in
         time: this process's count). ``gate.started()`` once, when the session begins or
-        the connection ends before it. (Without ``anvil``: ``_session`` directly.)"""
+        the connection ends before it."""
+        if anvil is None:
+            await self._session(conn, addr, settings, gate)
+            return
         served = False
         try:
             count = await anvil.connect(addr)
