@@ -1,9 +1,12 @@
 """What one connection costs the server's process, by how it is accepted: the listener's way
 against the loop's own server.
 
-    .venv/bin/python bench/acceptcost.py [-n 5000] [--rounds 3]
+    .venv/bin/python bench/acceptcost.py [-n 5000] [--rounds 3] [--ways acceptor,server]
+    for n in 1000 3000; do valgrind --tool=callgrind --callgrind-out-file=/tmp/ac_$n.out \
+        .venv/bin/python bench/acceptcost.py -n $n --rounds 1 --ways acceptor 2>&1 \
+        | grep "I   refs"; done    # instructions per connection: (I(3000) - I(1000)) / 2000
 
-A forked client opens ``-n`` connections one after another on loopback; each
+A client process opens ``-n`` connections one after another on loopback; each
 reads a 220 line, sends QUIT, reads 221 and the end of the stream (the shape
 of a session, without its commands). The server, on uvloop, answers with a
 bare ``asyncio.Protocol`` (no SMTP, no session), accepted either
@@ -18,7 +21,10 @@ bare ``asyncio.Protocol`` (no SMTP, no session), accepted either
 Printed per round and way: the server process's CPU (``time.process_time``)
 per connection. The difference is what the listener's accepting costs beyond
 the loop's own (its admission decisions, holds and refusals need it: see
-``qmgrd.listener.accepting``). A benchmark prints; nothing is asserted.
+``qmgrd.listener.accepting``). ``--ways`` runs only the ways named (one at a
+time under callgrind; the client is this script started anew, ``--client``, so
+valgrind, which follows no ``exec`` unless told to, counts the server only).
+A benchmark prints; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import asyncio
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,14 +89,9 @@ async def _round(way: str, n: int) -> float:
 
         acceptor = Acceptor(loop, admit, batch=4)  # a listener worker's batch
         acceptor.listen(lsock)
-    pid = os.fork()
-    if pid == 0:  # the client
-        try:
-            _client(port, n)
-        finally:
-            os._exit(0)
     t0 = time.process_time()
-    await loop.run_in_executor(None, os.waitpid, pid, 0)
+    client = subprocess.Popen([sys.executable, __file__, "--client", str(port), str(n)])
+    await loop.run_in_executor(None, client.wait)
     used = time.process_time() - t0
     if server is not None:
         server.close()
@@ -98,9 +100,9 @@ async def _round(way: str, n: int) -> float:
     return used / n * 1e6
 
 
-async def _main(n: int, rounds: int) -> None:
+async def _main(n: int, rounds: int, ways: list[str]) -> None:
     for r in range(1, rounds + 1):
-        for way in ("acceptor", "server"):
+        for way in ways:
             print(f"round={r} {way:8} {await _round(way, n):6.1f} us CPU per connection")
 
 
@@ -109,10 +111,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-n", type=int, default=5000, help="connections per round and way")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ways", default="acceptor,server", help="comma list of the ways")
+    parser.add_argument("--client", nargs=2, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.client:
+        _client(*args.client)
+        return 0
     print(f"loadavg={os.getloadavg()[0]:.1f} n={args.n}")
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_main(args.n, args.rounds))
+        runner.run(_main(args.n, args.rounds, args.ways.split(",")))
     return 0
 
 

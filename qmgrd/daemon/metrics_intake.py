@@ -13,7 +13,7 @@ call                     when
 ``rejected(reason)``     a connection refused at accept (``limits``)
 ``session_started()``    a session begins (after the admission checks)
 ``session_ended()``      that session ends, however it ends
-``replied(text)``        every reply line the session sends; 4xx/5xx final
+``replied(text)``        every 4xx/5xx reply line the session sends; final
                          lines are counted as rejects by class (below)
 ``message_accepted(n)``  a message with ``n`` recipients was queued (250)
 ``auth_failed(mech)``    an AUTH exchange failed (535 or the 421 after it)

@@ -8,7 +8,12 @@ reader callback each) and hands every accepted connection to
 answers False when it refused for lack of capacity (the listener's
 ``ListenerHandle._admit``). Up to ``batch`` connections are accepted per
 wake-up (``ACCEPT_BATCH``; listener worker processes sharing a socket take
-few, so that an idle one gets its share).
+few, so that an idle one gets its share), and no more than wait in the
+socket's queue as the kernel counts them (:func:`queued`, Linux; elsewhere
+until ``accept`` says EAGAIN): no ``accept`` is tried while no client waits.
+An accepted socket is a ``socket.socket`` whose ``family`` and ``type`` read
+as plain ints (uvloop's ``connect_accepted_socket`` reads them; the enum
+conversions cost more than the rest of ``accept``).
 
 A refusal for capacity costs as little as it can: :func:`refuse` sends the
 reply line once, before any session, TLS or banner, then closes. An acceptor
@@ -35,10 +40,12 @@ served as soon as descriptors are free again.
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import contextlib
 import errno
 import socket
+import struct
 from collections.abc import Callable
 
 from qmgrd.listener.inflow import OVERLOAD_REPLY
@@ -52,13 +59,30 @@ REFUSE_HOLD = 0.02  # seconds a listener that refused for capacity leaves its so
 UNAVAILABLE = OVERLOAD_REPLY.encode("ascii") + b"\r\n"
 _ACCEPT_RETRY = 0.5  # seconds without accepting after EMFILE and friends
 _HOLD_FOR_FIN = getattr(socket, "MSG_MORE", 0) | getattr(socket, "MSG_DONTWAIT", 0)  # refuse()
+_TCP_INFO: int = getattr(socket, "TCP_INFO", 0)  # Linux only (queued); 0: none
+_TCP_LISTEN = 10  # tcpi_state of a listening socket (Linux's TCP_LISTEN)
+_IPPROTO_TCP = int(socket.IPPROTO_TCP)
+_unacked = struct.Struct("=I").unpack_from  # tcpi_unacked, at offset 24 of struct tcp_info
 _OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+class _Accepted(socket.socket):
+    """An accepted connection whose ``family`` and ``type`` are the plain ints.
+
+    ``socket.socket`` converts them to enums on every read (~1 us each);
+    uvloop's ``connect_accepted_socket`` reads them three times per connection.
+    Everything else is ``socket.socket``'s (uvloop detaches it when it closes).
+    """
+
+    __slots__ = ()
+    family = _socket.socket.family  # type: ignore[assignment]
+    type = _socket.socket.type  # type: ignore[assignment]
 
 
 class Acceptor:
     """The listening sockets of one listener (see the module doc)."""
 
-    __slots__ = ("_admit", "_held", "_loop", "batch", "sockets")
+    __slots__ = ("_admit", "_held", "_kinds", "_loop", "batch", "sockets")
 
     def __init__(
         self,
@@ -71,10 +95,14 @@ class Acceptor:
         self.batch = batch
         self.sockets: list[socket.socket] = []
         self._held: dict[socket.socket, asyncio.TimerHandle] = {}  # sockets in a hold
+        # family, type, proto, and whether the kernel tells how many clients wait (queued)
+        self._kinds: dict[socket.socket, tuple[int, int, int, bool]] = {}
 
     def listen(self, sock: socket.socket) -> None:
         """Watch ``sock`` (non-blocking, listening)."""
         self.sockets.append(sock)
+        counted = queued(sock) >= 0
+        self._kinds[sock] = (sock.family, sock.type, sock.proto, counted)
         self._loop.add_reader(sock.fileno(), self._on_readable, sock)
 
     def _on_readable(self, sock: socket.socket) -> None:
@@ -85,9 +113,19 @@ class Acceptor:
         How many were accepted."""
         full = False
         accepted = 0
+        family, kind, proto, counted = self._kinds[sock]
+        if counted:  # no accept past the last waiting client (its EAGAIN costs more)
+            try:
+                waiting = _unacked(sock.getsockopt(_IPPROTO_TCP, _TCP_INFO, 28), 24)[0]
+            except OSError:
+                waiting = count
+            if waiting < count:
+                count = waiting
         for _ in range(count):
             try:
-                conn, peer = sock.accept()
+                # socket.accept's own two steps, without its enum conversions.
+                fd, peer = sock._accept()  # type: ignore[attr-defined]
+                conn = _Accepted(family, kind, proto, fd)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
@@ -112,6 +150,8 @@ class Acceptor:
 
     def room(self) -> None:
         """A session ended: during a hold, take the client waiting longest (module doc)."""
+        if not self._held:  # the usual: no hold
+            return
         for sock in list(self._held):
             if sock.fileno() >= 0 and self._accept(sock, 1):
                 return
@@ -138,6 +178,24 @@ class Acceptor:
             if sock.fileno() >= 0:
                 self._loop.remove_reader(sock.fileno())
                 sock.close()
+
+
+def queued(sock: socket.socket) -> int:
+    """Clients waiting in the accept queue of the listening TCP socket ``sock``; -1 unknown.
+
+    Linux's ``TCP_INFO`` of a listening socket: ``tcpi_unacked`` is the accept
+    queue's length (``tcpi_sacked`` its bound). One ``getsockopt``, cheaper than
+    the ``accept`` that fails with EAGAIN at the end of a batch.
+    """
+    if not _TCP_INFO:
+        return -1
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 32)
+    except OSError:
+        return -1
+    if len(info) < 28 or info[0] != _TCP_LISTEN:
+        return -1
+    return int(_unacked(info, 24)[0])
 
 
 def refuse(conn: socket.socket, reply: str | bytes) -> None:

@@ -80,7 +80,9 @@ class Channel(asyncio.Protocol):
         if self._size > self.limit and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake_reader()
+        waiter = self._read_waiter  # _wake_reader's steps (this runs for every chunk)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -126,7 +128,10 @@ class Channel(asyncio.Protocol):
             loop = self._loop or asyncio.get_running_loop()
             self._expired = False
             if timeout is not None:
-                self._watch(loop, loop.time() + timeout)
+                deadline = self._deadline = loop.time() + timeout
+                timer = self._timer
+                if timer is None or self._timer_at > deadline:  # else the timer stays (_watch)
+                    self._watch(loop, deadline)
             try:
                 while not self._size and not self._eof:
                     if self._expired:
@@ -140,7 +145,12 @@ class Channel(asyncio.Protocol):
             if self._lost is not None:
                 raise ConnectionResetError(str(self._lost))
             return b""
-        data = self._take(n)
+        chunks = self._chunks
+        if len(chunks) == 1 and len(chunks[0]) <= n:  # the usual: one chunk, read whole
+            data = chunks.popleft()
+            self._size = 0
+        else:
+            data = self._take(n)
         if self._paused and self._size <= self.limit and self.transport is not None:
             self._paused = False
             self.transport.resume_reading()

@@ -47,7 +47,8 @@ class IntakeObserver(Protocol):
         """A session ended."""
 
     def replied(self, text: str) -> None:
-        """The session sent the reply line ``text``."""
+        """The session sent the 4xx or 5xx reply line ``text`` (positive replies are not
+        reported: nothing counts them, and a session sends several per message)."""
 
     def message_accepted(self, recipients: int) -> None:
         """A message with ``recipients`` recipients was queued."""

@@ -201,7 +201,17 @@ class Session(TransactionIO):
 
     async def _serve(self) -> None:
         while not self._closing:
-            event = await self.next_event()
+            # next_event's steps, without a coroutine of its own per command
+            event = self.proto.next_event()
+            while event is None:
+                if self._send():
+                    await self._drain()
+                data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
+                if data:
+                    self.proto.receive_data(data)
+                else:
+                    self.proto.receive_eof()
+                event = self.proto.next_event()
             if isinstance(event, Closed):
                 self._lost()  # the client left without QUIT
                 return
@@ -221,7 +231,7 @@ class Session(TransactionIO):
                     self._pending = event.verb
                     await handler(self, event.arg)
                     self._pending = None
-                self.counts.record(event.verb if handler else "unknown", ok=self._ok)
+                self.counts.record(event.verb if handler else "unknown", self._ok)
             if self.errors >= self.settings.hard_error_limit and not self._closing:
                 self.log.info("too many errors", after=self.last_verb, client=self.client)
                 self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
@@ -233,7 +243,8 @@ class Session(TransactionIO):
             event = self.proto.next_event()
             if event is not None:
                 return event
-            await self.flush()
+            if self._send():  # flush's steps without a coroutine of its own
+                await self._drain()
             data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
             if data:
                 self.proto.receive_data(data)
@@ -241,29 +252,39 @@ class Session(TransactionIO):
                 self.proto.receive_eof()
 
     def reply(self, text: str) -> None:
-        """Queue one reply line (written at the next flush); 4xx/5xx count as errors."""
-        self._ok = text[0] in "23"
-        if text[0] in "45" and not text.startswith(_NOT_ERRORS):
-            self.errors += 1
+        """Queue one reply line (written at the next flush); 4xx/5xx count as errors and are
+        reported to the observer (which counts refusals only: nothing else is)."""
         self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
-        self.ctx.observer.replied(text)
+        if text[0] in "45":
+            self._ok = False
+            if not text.startswith(_NOT_ERRORS):
+                self.errors += 1
+            self.ctx.observer.replied(text)
+        else:
+            self._ok = text[0] in "23"
 
     def reply_lines(self, texts: tuple[str, ...], encoded: bytes) -> None:
-        """Queue positive reply lines ``texts``, already encoded together (EHLO's)."""
+        """Queue positive reply lines ``texts``, already encoded together (EHLO's; positive:
+        nothing for the observer)."""
         self._ok = True
         self._out.append(encoded)
-        observer = self.ctx.observer
-        for text in texts:
-            observer.replied(text)
 
     async def flush(self) -> None:
         """Write the queued replies; wait for the client while too much is unread."""
+        if self._send():
+            await self._drain()
+
+    def _send(self) -> bool:
+        """Write the queued replies; True when the client must read before more is written."""
+        chan = self.chan
         if self._out:
-            self.chan.write(b"".join(self._out))
+            chan.write(b"".join(self._out))
             self._out.clear()
-        if self.chan.write_buffer_size() > _WRITE_HIGH:
-            async with asyncio.timeout(self.settings.smtpd_timeout):
-                await self.chan.drain()
+        return chan.write_buffer_size() > _WRITE_HIGH
+
+    async def _drain(self) -> None:
+        async with asyncio.timeout(self.settings.smtpd_timeout):
+            await self.chan.drain()
 
     def end_session(self) -> None:
         """Close after the queued replies are written (QUIT, 421)."""

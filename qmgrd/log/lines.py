@@ -52,6 +52,7 @@ every call, so a capture that starts or ends later is honoured.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -72,6 +73,8 @@ _RECIPIENT_FIELDS = frozenset(
 )
 _RECIPIENT_ORDER = ("to", "orig_to", "relay", "conn_use", "delay", "delays", "dsn")
 _COMMANDS = frozenset(POSTFIX_COMMAND_ORDER)
+_COMMAND_RANK = {name: rank for rank, name in enumerate(POSTFIX_COMMAND_ORDER)}.__getitem__
+_TAILS = 64  # disconnect lines' count texts a LineLog keeps (_disconnect_line)
 
 
 # The queue manager's recipient lines carry exactly these (``transport`` only in JSON).
@@ -126,19 +129,47 @@ def _recipient_line(queue_id: object, fields: dict[str, Any]) -> str | None:
     return line if line.isprintable() else None
 
 
-def _disconnect_line(client: object, counts: object) -> str | None:
+def _disconnect_line(client: object, counts: object, tails: dict[Any, str]) -> str | None:
     """``disconnect from c[a] ehlo=1 ... commands=N`` when every count is Postfix's own
-    command with an int or an (ok, total) pair of ints (``CommandCounts.as_field``)."""
+    command with an int or an (ok, total) pair of ints (``CommandCounts.as_field``).
+
+    Theory of operation: sessions mostly end with the same few counts, so the text after
+    the client is kept in ``tails`` (the caller's, bounded) by the counts' items, for
+    counts that are all pairs. Another dict with equal items has pairs equal to those
+    ints (a pair equals only a pair): ints, or bools or floats that the renderer writes
+    as the same ints (``render._count_text``), so the line is what it would have been.
+    """
     if type(counts) is not dict or not counts.keys() <= _COMMANDS:
         return None
-    parts = [f"disconnect from {client!s}"]
+    key = tuple(counts.items())
+    try:
+        tail = tails.get(key)
+    except TypeError:  # an unhashable count: not one this path takes
+        return None
+    if tail is None:
+        text = _counts_text(counts)
+        if text is None:
+            return None
+        tail, pairs = text
+        if pairs:
+            if len(tails) >= _TAILS:
+                tails.clear()
+            tails[key] = tail
+    line = f"disconnect from {client!s} {tail}"
+    return line if line.isprintable() else None
+
+
+def _counts_text(counts: dict[str, Any]) -> tuple[str, bool] | None:
+    """``ehlo=1 ... commands=N`` (``_disconnect_line``) and whether every count was a pair;
+    None for a count this path does not take."""
+    parts = []
     all_ok = all_total = 0
-    for name in POSTFIX_COMMAND_ORDER:
-        if name not in counts:
-            continue
+    pairs = True
+    for name in sorted(counts, key=_COMMAND_RANK):  # the few given, in Postfix's order
         count = counts[name]
         if type(count) is int:
             ok = total = count
+            pairs = False
         elif type(count) is tuple and len(count) == 2:
             ok, total = count
             if type(ok) is not int or type(total) is not int:
@@ -151,12 +182,12 @@ def _disconnect_line(client: object, counts: object) -> str | None:
         all_total += total
         parts.append(f"{name}={ok}" if ok == total else f"{name}={ok}/{total}")
     parts.append(f"commands={all_ok}" if all_ok == all_total else f"commands={all_ok}/{all_total}")
-    line = " ".join(parts)
-    return line if line.isprintable() else None
+    return " ".join(parts), pairs
 
 
-def _postfix_line(event: str, fields: dict[str, Any]) -> str | None:
-    """The Postfix text of an info event for the direct shapes (module doc), or None."""
+def _postfix_line(event: str, fields: dict[str, Any], tails: dict[Any, str]) -> str | None:
+    """The Postfix text of an info event for the direct shapes (module doc), or None
+    (``tails``: the disconnect lines' cache, ``_disconnect_line``)."""
     queue_id = fields.get("queue_id")
     if queue_id is None:
         client = fields.get("client")
@@ -166,7 +197,7 @@ def _postfix_line(event: str, fields: dict[str, Any]) -> str | None:
             line = f"connect from {client!s}"
             return line if line.isprintable() else None
         if event == "disconnect" and len(fields) == 2 and "commands" in fields:
-            return _disconnect_line(client, fields["commands"])
+            return _disconnect_line(client, fields["commands"], tails)
         return None
     if event == "NOQUEUE: reject":
         return None
@@ -192,15 +223,51 @@ def _postfix_line(event: str, fields: dict[str, Any]) -> str | None:
 
 
 class LineLog:
-    """``info`` lines of one logger through the direct path (module doc)."""
+    """``info`` lines of one logger through the direct path (module doc).
 
-    __slots__ = ("_component", "_context", "_enabled", "_log", "_output", "_procs", "_render")
+    ``info`` is the bound method of a :class:`_Lines` that holds the state: a type
+    with ``__getattr__`` (this one, for the delegation) gets no specialised attribute
+    lookups, and ``info`` reads its state on every line.
+    """
+
+    __slots__ = ("_log", "info")
 
     def __init__(self, log: Any) -> None:
         """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
         if isinstance(log, LineLog):
             log = log.logger
         self._log: Any = log
+        self.info: Callable[..., None] = _Lines(log).info
+
+    def __getattr__(self, name: str) -> Any:
+        """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
+        if name.startswith("_"):  # never the slots themselves (copy, pickle: no recursion)
+            raise AttributeError(name)
+        return getattr(self._log, name)
+
+    @property
+    def logger(self) -> Any:
+        """The wrapped structlog logger."""
+        return self._log
+
+
+class _Lines:
+    """A :class:`LineLog`'s state and its ``info`` (module doc)."""
+
+    __slots__ = (
+        "_component",
+        "_context",
+        "_enabled",
+        "_log",
+        "_output",
+        "_procs",
+        "_render",
+        "_tails",
+    )
+
+    def __init__(self, log: Any) -> None:
+        self._log: Any = log
+        self._tails: dict[Any, str] = {}  # the disconnect lines' count texts (_disconnect_line)
         self._output: LogOutput | None = None
         self._render: Any = None
         procs = getattr(log, "_processors", None)
@@ -218,17 +285,6 @@ class LineLog:
         self._component = self._context.get("component")
         is_enabled = getattr(log, "is_enabled_for", None)
         self._enabled = bool(is_enabled(logging.INFO)) if callable(is_enabled) else True
-
-    def __getattr__(self, name: str) -> Any:
-        """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
-        if name.startswith("_"):  # never the slots themselves (copy, pickle: no recursion)
-            raise AttributeError(name)
-        return getattr(self._log, name)
-
-    @property
-    def logger(self) -> Any:
-        """The wrapped structlog logger."""
-        return self._log
 
     def _direct(self) -> LogOutput | None:
         """The output to write to directly, or None while another chain is configured."""
@@ -261,7 +317,7 @@ class LineLog:
             self._log.info(event, **fields)  # structlog's path (a component field renames)
             return
         now = output.clock()
-        text = None if output.log_format == "json" else _postfix_line(event, fields)
+        text = None if output.log_format == "json" else _postfix_line(event, fields, self._tails)
         if text is None:
             event_dict = dict(self._context)
             event_dict.update(fields)

@@ -22,24 +22,30 @@ from qmgrd.log.render import POSTFIX_COMMAND_ORDER
 __all__ = ["CommandCounts"]
 
 _KNOWN = frozenset(POSTFIX_COMMAND_ORDER)
+# A verb as the protocol gives it (upper case) or as logged: its name, without a lower().
+_NAMES = {name.upper(): name for name in POSTFIX_COMMAND_ORDER} | {n: n for n in _KNOWN}
 
 
 @dataclass(slots=True, eq=False)
 class CommandCounts:
     """Successful and total counts per command name, for one SMTP session."""
 
-    _counts: dict[str, list[int]] = field(default_factory=dict)
+    _counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (ok, total)
 
     def record(self, command: str, ok: bool) -> None:
         """One command answered: ``ok`` when its final reply was positive."""
-        name = command.lower()
-        if name not in _KNOWN:
-            name = "unknown"
-        pair = self._counts.setdefault(name, [0, 0])
-        pair[1] += 1
-        if ok:
-            pair[0] += 1
+        name = _NAMES.get(command)
+        if name is None:
+            name = command.lower()
+            if name not in _KNOWN:
+                name = "unknown"
+        counts = self._counts
+        pair = counts.get(name)
+        if pair is None:
+            counts[name] = (1, 1) if ok else (0, 1)
+        else:
+            counts[name] = (pair[0] + 1, pair[1] + 1) if ok else (pair[0], pair[1] + 1)
 
     def as_field(self) -> dict[str, tuple[int, int]]:
         """The ``commands`` field of the ``disconnect`` event: name → (ok, total)."""
-        return {name: (ok, total) for name, (ok, total) in self._counts.items()}
+        return dict(self._counts)  # a copy: the event keeps these counts

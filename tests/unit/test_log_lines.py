@@ -192,6 +192,36 @@ def test_random_events_match_the_structlog_path(
         check()
 
 
+# Counts equal to each other across types (True == 1 == 1.0): a LineLog's cache of
+# disconnect texts must not give one for another where the renderer writes them apart.
+EQUAL_NUMBERS = st.one_of(st.integers(0, 2), st.booleans(), st.sampled_from([0.0, 1.0]))
+EQUAL_COUNTS = st.one_of(
+    st.tuples(EQUAL_NUMBERS, EQUAL_NUMBERS), st.integers(0, 2), st.booleans()
+)
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+def test_disconnect_lines_of_one_line_log_match_the_structlog_path(
+    tmp_path: Path, destination: str
+) -> None:
+    """One LineLog, which keeps the count texts of earlier disconnect lines, writes each
+    later line as structlog does, whatever equal counts of other types it is given."""
+    with Target(tmp_path, "postfix", destination) as target:
+        log = get_logger("smtpd")
+        lines = LineLog(log)
+
+        @EXAMPLES
+        @given(many=st.lists(st.dictionaries(COMMAND_NAMES, EQUAL_COUNTS, max_size=5), max_size=6))
+        def check(many: list[dict[str, Any]]) -> None:
+            for counts in many:
+                log.info("disconnect", client="c[1]", commands=counts)
+                expected = target.take()
+                lines.info("disconnect", client="c[1]", commands=counts)
+                assert target.take() == expected
+
+        check()
+
+
 @pytest.mark.parametrize("destination", DESTINATIONS)
 @pytest.mark.parametrize("log_format", ["postfix", "json"])
 def test_the_hot_lines_match_the_structlog_path(
