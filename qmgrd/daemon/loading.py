@@ -198,10 +198,11 @@ class Loader:
         self._fresh.discard(queue_id)
 
         keep = ctx.table.content_room()  # the content itself, for a small message
+        active = spool.queue_dir("active")
 
         def work() -> tuple[Path, LoadedFile | SpoolError, bool] | None:
             try:
-                path = spool.move(queue_id, src, "active")
+                name = spool.rename(queue_id, src, "active")
             except SpoolError:
                 if not spool.path(src, queue_id).exists():
                     return None  # deleted or moved by an operator meanwhile
@@ -217,7 +218,8 @@ class Loader:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
             try:  # one open, one read: envelope, mode, first recipients, small content
-                return path, load_queue_file(path, PREFETCH, keep), bounced
+                path = active / queue_id
+                return path, load_queue_file(path, PREFETCH, keep, name), bounced
             except QueueFileIOError:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise

@@ -252,10 +252,13 @@ def _first_recipients(
         return exc, 0
 
 
-def load_queue_file(path: Path, rcpt_limit: int, keep: int = 0) -> LoadedFile:
-    """Envelope, mode, first recipients and (small) content of ``path`` (module doc)."""
+def load_queue_file(
+    path: Path, rcpt_limit: int, keep: int = 0, name: str | None = None
+) -> LoadedFile:
+    """Envelope, mode, first recipients and (small) content of ``path`` (module doc);
+    ``name``: ``str(path)``, when the caller has it (the open needs no conversion)."""
     try:
-        fd, st = open_regular_stat(path, os.O_RDONLY)
+        fd, st = open_regular_stat(path if name is None else name, os.O_RDONLY)
         try:
             whole = max(_WHOLE, keep)
             # A buffer of the file's size (+1 sees a file that grew since the fstat: it is
