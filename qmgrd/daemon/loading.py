@@ -180,10 +180,12 @@ class Loader:
         limit = ctx.settings.qmgr_message_active_limit
         table = ctx.table
         table.admission.wake(now)  # paced flows due now compete (no deadline left behind)
+        scheduler = ctx.scheduler
         for _ in range(FEED_BATCH):
-            if ctx.stopping or ctx.scheduler.message_count + table.loading >= limit:
+            active = scheduler.message_count + table.loading
+            if ctx.stopping or active >= limit:
                 return
-            room = ctx.scheduler.message_count + table.loading + 1 < limit
+            room = active + 1 < limit
             record = table.next_waiting(room, now)
             if record is None:
                 return
