@@ -55,7 +55,6 @@ from qmgrd.spool.records import (
     QueueFile,
     QueueFileIOError,
     RecipientRecord,
-    _dec,
     _decode_recipient,
     encode_varint,
     open_regular_stat,
@@ -108,7 +107,7 @@ def _envelope(data: bytes, path: Path) -> QueueFile | None:
     size = len(data)
     if size < _FIRST or data[0] != REC_SIZE or data[1] != _SIZE_PAYLOAD_LEN:
         return None
-    fields = _dec(data[2:_FIRST]).split()
+    fields = data[2:_FIRST].decode("utf-8", "surrogateescape").split()
     if len(fields) != 4:
         return None
     try:
@@ -142,19 +141,20 @@ def _envelope(data: bytes, path: Path) -> QueueFile | None:
             if end > size:
                 return None
             if rtype == REC_TIME:
-                parts = _dec(data[start:end]).split()
+                parts = data[start:end].decode("utf-8", "surrogateescape").split()
                 if len(parts) != 2:
                     return None
                 arrival = int(parts[0]) + int(parts[1]) / 1e6
             elif rtype == REC_SENDER:
-                sender = _dec(data[start:end])
+                sender = data[start:end].decode("utf-8", "surrogateescape")
             elif rtype == REC_ATTR:
-                name, eq, value = _dec(data[start:end]).partition("=")
+                text = data[start:end].decode("utf-8", "surrogateescape")  # recformat._dec
+                name, eq, value = text.partition("=")
                 if not eq:
                     return None
                 attrs[name] = value
             elif rtype == REC_WARN:
-                warn_time = int(_dec(data[start:end]))
+                warn_time = int(data[start:end].decode("utf-8", "surrogateescape"))
                 warn_offset = pos
             else:
                 return None
@@ -163,7 +163,12 @@ def _envelope(data: bytes, path: Path) -> QueueFile | None:
         return None
     if arrival is None or sender is None:
         return None
-    marker = bytes((REC_CONTENT,)) + encode_varint(content_size)
+    if content_size < 0x80:  # encode_varint, inlined for the usual sizes
+        marker = bytes((REC_CONTENT, content_size))
+    elif content_size < 0x4000:
+        marker = bytes((REC_CONTENT, content_size & 0x7F | 0x80, content_size >> 7))
+    else:
+        marker = bytes((REC_CONTENT,)) + encode_varint(content_size)
     if (
         content_offset - len(marker) < start
         or data[content_offset - len(marker) : content_offset] != marker
@@ -225,7 +230,7 @@ def _recipients(
                 except Exception:
                     return None
             else:
-                address = _dec(data[start + 1 : end])
+                address = data[start + 1 : end].decode("utf-8", "surrogateescape")
                 out.append(RecipientRecord(address, pos, None, _NOTIFY_SETS[flags & 15]))
         elif rtype == REC_DONE:
             if end > size:
