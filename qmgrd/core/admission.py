@@ -180,7 +180,7 @@ class Admission:
         fq = self._flows.get(flow.key)
         if fq is None:
             fq = self._flows[flow.key] = _FlowQueue(flow)
-        elif fq.flow != flow:
+        elif fq.flow is not flow and fq.flow != flow:  # (identity first: no __eq__ call)
             fq.flow = flow  # the weight or tenant changed (reload)
         index = SOURCES.index(source)
         token = next(self._seq)
@@ -212,7 +212,8 @@ class Admission:
         while self._ready:
             finish, _seq, fq = heapq.heappop(self._ready)
             fq.state = _IDLE
-            if fq.waiting == 0:
+            live = fq.live
+            if live[0] + live[1] == 0:  # fq.waiting, inlined (every load)
                 self._forget_if_unused(fq)
                 continue
             if self._capped(fq):
@@ -230,7 +231,8 @@ class Admission:
             if fq.gcra is not None:
                 fq.gcra.take(now)
             fq.finish = finish
-            if fq.waiting:
+            live = fq.live
+            if live[0] + live[1]:  # fq.waiting
                 self._schedule(fq)
             return queue_id, source, fq.flow
         return None
@@ -272,7 +274,8 @@ class Admission:
 
     def _schedule(self, fq: _FlowQueue) -> None:
         """Put a flow with waiting ids among the ready flows (its next finish tag)."""
-        if fq.waiting == 0:
+        live = fq.live
+        if live[0] + live[1] == 0:  # fq.waiting
             fq.state = _IDLE
             self._forget_if_unused(fq)
             return
@@ -300,6 +303,7 @@ class Admission:
         raise InvariantError(f"flow {fq.flow.label!r}: counted waiting ids that are not queued")
 
     def _forget_if_unused(self, fq: _FlowQueue) -> None:
-        unused = fq.waiting == 0 and fq.active == 0 and fq.state == _IDLE
+        live = fq.live
+        unused = live[0] + live[1] == 0 and fq.active == 0 and fq.state == _IDLE  # waiting
         if unused and self._flows.get(fq.flow.key) is fq:
             del self._flows[fq.flow.key]

@@ -244,14 +244,14 @@ class Scheduler:
             raise InvariantError(f"message_create: {queue_id} is already in core")
         if len(self._messages) >= self.params.qmgr_message_active_limit:
             raise InvariantError(f"message_create: {queue_id} exceeds qmgr_message_active_limit")
-        message = Message(
-            queue_id=queue_id,
-            queued_time=queued_time,
-            rcpt_unread=max(0, rcpt_unread),
-            rcpt_limit=self.params.qmgr_message_recipient_minimum,
-            single_rcpt=single_rcpt,
-            payload=payload,
-            rcpt_offset=rcpt_offset,
+        message = Message(  # positional where it can: keywords cost more (one per message)
+            queue_id,
+            queued_time,
+            max(0, rcpt_unread),  # rcpt_unread
+            self.params.qmgr_message_recipient_minimum,  # rcpt_limit
+            single_rcpt,
+            payload,
+            rcpt_offset,
             flow=flow,
             transport_flows=transport_flows or None,
         )

@@ -107,7 +107,7 @@ class Dispatcher:
         if gate is not None and lease is None:
             return  # not started: the gate put the entry back or had the core defer it
         # --- end cluster ---
-        recipients = tuple(_agent_recipient(r) for r in entry.recipients)
+        recipients = tuple([_agent_recipient(r) for r in entry.recipients])
         content = self.reads.content(msg)  # released when the agent is done with it
         request = DeliveryRequest(
             queue_id=msg.queue_id,
@@ -193,7 +193,10 @@ def _agent_recipient(rcpt: ResolvedRecipient) -> Recipient:
 
 def complete(result: DeliveryResult, recipients: tuple[Recipient, ...]) -> DeliveryResult:
     """Guard the agent contract: every recipient handed out gets exactly one result."""
-    seen = {id(r.recipient) for r in result.recipients}
+    got = result.recipients
+    if len(got) == 1 and len(recipients) == 1 and got[0].recipient is recipients[0]:
+        return result  # the common case, without the set and the list below
+    seen = {id(r.recipient) for r in got}
     missing = [r for r in recipients if id(r) not in seen]
     if not missing:
         return result

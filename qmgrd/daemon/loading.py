@@ -180,10 +180,12 @@ class Loader:
         limit = ctx.settings.qmgr_message_active_limit
         table = ctx.table
         table.admission.wake(now)  # paced flows due now compete (no deadline left behind)
+        scheduler = ctx.scheduler
         for _ in range(FEED_BATCH):
-            if ctx.stopping or ctx.scheduler.message_count + table.loading >= limit:
+            active = scheduler.message_count + table.loading
+            if ctx.stopping or active >= limit:
                 return
-            room = ctx.scheduler.message_count + table.loading + 1 < limit
+            room = active + 1 < limit
             record = table.next_waiting(room, now)
             if record is None:
                 return
@@ -198,10 +200,11 @@ class Loader:
         self._fresh.discard(queue_id)
 
         keep = ctx.table.content_room()  # the content itself, for a small message
+        active = spool.queue_dir("active")
 
         def work() -> tuple[Path, LoadedFile | SpoolError, bool] | None:
             try:
-                path = spool.move(queue_id, src, "active")
+                name = spool.rename(queue_id, src, "active")
             except SpoolError:
                 if not spool.path(src, queue_id).exists():
                     return None  # deleted or moved by an operator meanwhile
@@ -217,7 +220,8 @@ class Loader:
                 spool.move(queue_id, "active", src)  # back where a retry finds it
                 raise
             try:  # one open, one read: envelope, mode, first recipients, small content
-                return path, load_queue_file(path, PREFETCH, keep), bounced
+                path = active / queue_id
+                return path, load_queue_file(path, PREFETCH, keep, name), bounced
             except QueueFileIOError:
                 spool.move(queue_id, "active", src)  # not the file's fault: load it again later
                 raise

@@ -268,4 +268,7 @@ def delays(
     """``delays=a/b/c/d``: before active, in active, connection set-up, transmission."""
     before = msg.queued_time - msg.qf.arrival_time
     in_active = started - msg.queued_time
-    return "/".join(fmt_delay(x) for x in (before, in_active, conn_setup, transmission))
+    return (
+        f"{fmt_delay(before)}/{fmt_delay(in_active)}/"
+        f"{fmt_delay(conn_setup)}/{fmt_delay(transmission)}"
+    )

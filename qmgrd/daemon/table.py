@@ -76,6 +76,10 @@ class MessageState(enum.Enum):
     FINISHING = "finishing"
     RETRY = "retry"
 
+    # Members are singletons compared by identity: the identity hash is consistent with that,
+    # and is computed in C (Enum's own __hash__ is a Python call at every _ALLOWED lookup).
+    __hash__ = object.__hash__
+
 
 _ALLOWED: dict[MessageState | None, frozenset[MessageState | None]] = {
     None: frozenset({MessageState.WAITING, MessageState.LOADING}),

@@ -20,6 +20,16 @@ same descriptor (memory bounded by the read chunk; content not kept).
 Errors are ``QueueFile.open``'s: an ``OSError`` (EMFILE, EIO, ...) raises
 ``QueueFileIOError`` (retry later), a file that cannot be parsed raises
 ``SpoolError`` (quarantine), a symlink or a non-regular file too.
+
+A file read whole is parsed straight from its bytes (:func:`_envelope`,
+:func:`_recipients`): the same checks as the record stream of
+``recformat`` in one loop over the buffer, without a stream object, a method
+call per record field or a generator per number. They only ever accept: any
+record they do not take in their stride (a multi-byte length where one byte is
+usual, an ORCPT, a check that fails, a number ``int`` refuses) makes them
+return None, and the file is parsed again by ``QueueFile.parse`` /
+``recipients_from``, which give the answer or raise the error, so a file
+loads (or fails) exactly as it did through the stream.
 """
 
 from __future__ import annotations
@@ -31,9 +41,22 @@ from pathlib import Path
 from typing import BinaryIO
 
 from qmgrd.spool.records import (
+    _HAS_ORCPT,
+    _NOTIFY_BITS,
+    _SIZE_PAYLOAD_LEN,
+    REC_ATTR,
+    REC_CONTENT,
+    REC_DONE,
+    REC_RCPT,
+    REC_SENDER,
+    REC_SIZE,
+    REC_TIME,
+    REC_WARN,
     QueueFile,
     QueueFileIOError,
     RecipientRecord,
+    _decode_recipient,
+    encode_varint,
     open_regular_stat,
     recipients_from,
 )
@@ -54,10 +77,180 @@ class LoadedFile:
     content: bytes | None  # the content when at most ``keep`` bytes
 
 
-def _first_recipients(
-    f: BinaryIO, size: int, qf: QueueFile, limit: int
-) -> tuple[list[RecipientRecord] | Exception, int]:
+# The NOTIFY keywords of a recipient's flags byte (bits 0-3), as _decode_recipient builds them.
+_NOTIFY_SETS = tuple(
+    frozenset(w for w, bit in _NOTIFY_BITS.items() if flags & bit) for flags in range(16)
+)
+_FIRST = 2 + _SIZE_PAYLOAD_LEN  # offset of the record after the size record
+
+
+def _header(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(payload length, payload offset) of the record at ``pos``; None where the stream's
+    ``header`` would fail (or a length field it reads differently)."""
+    size = len(data)
+    if pos + 2 > size:
+        return None
+    p = pos + 1
+    value = shift = 0
+    while p < size and shift <= 63:
+        byte = data[p]
+        p += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, p
+    return None
+
+
+def _envelope(data: bytes, path: Path) -> QueueFile | None:
+    """``QueueFile.parse`` of the whole file ``data``; None: let it parse (module doc)."""
+    size = len(data)
+    if size < _FIRST or data[0] != REC_SIZE or data[1] != _SIZE_PAYLOAD_LEN:
+        return None
+    fields = data[2:_FIRST].decode("utf-8", "surrogateescape").split()
+    if len(fields) != 4:
+        return None
     try:
+        content_size, content_offset, rcpt_count, flags = map(int, fields)
+        arrival: float | None = None
+        sender: str | None = None
+        attrs: dict[str, str] = {}
+        warn_time: int | None = None
+        warn_offset: int | None = None
+        if (
+            min(content_size, content_offset, rcpt_count, flags) < 0
+            or content_offset + content_size + 2 != size
+        ):
+            return None
+        pos = _FIRST
+        while True:
+            if pos + 2 > size:
+                return None
+            rtype = data[pos]
+            length = data[pos + 1]
+            if length < 0x80:
+                start = pos + 2
+            else:
+                header = _header(data, pos)
+                if header is None:
+                    return None
+                length, start = header
+            if rtype in (REC_RCPT, REC_DONE, REC_CONTENT):
+                break
+            end = start + length
+            if end > size:
+                return None
+            if rtype == REC_TIME:
+                parts = data[start:end].decode("utf-8", "surrogateescape").split()
+                if len(parts) != 2:
+                    return None
+                arrival = int(parts[0]) + int(parts[1]) / 1e6
+            elif rtype == REC_SENDER:
+                sender = data[start:end].decode("utf-8", "surrogateescape")
+            elif rtype == REC_ATTR:
+                text = data[start:end].decode("utf-8", "surrogateescape")  # recformat._dec
+                name, eq, value = text.partition("=")
+                if not eq:
+                    return None
+                attrs[name] = value
+            elif rtype == REC_WARN:
+                warn_time = int(data[start:end].decode("utf-8", "surrogateescape"))
+                warn_offset = pos
+            else:
+                return None
+            pos = end
+    except ValueError:  # a number int() refuses
+        return None
+    if arrival is None or sender is None:
+        return None
+    if content_size < 0x80:  # encode_varint, inlined for the usual sizes
+        marker = bytes((REC_CONTENT, content_size))
+    elif content_size < 0x4000:
+        marker = bytes((REC_CONTENT, content_size & 0x7F | 0x80, content_size >> 7))
+    else:
+        marker = bytes((REC_CONTENT,)) + encode_varint(content_size)
+    if (
+        content_offset - len(marker) < start
+        or data[content_offset - len(marker) : content_offset] != marker
+        or data[size - 2 :] != b"E\x00"
+    ):
+        return None
+    get = attrs.get
+    return QueueFile(  # positional, in field order: keywords cost a third more here
+        path,
+        sender,
+        arrival,
+        rcpt_count,
+        content_offset,
+        content_size,
+        pos,  # first_recipient_offset
+        flags,
+        get("envid"),
+        get("ret"),
+        get("smtputf8") == "1",
+        get("body"),
+        get("client_name"),
+        get("client_addr"),
+        get("helo"),
+        get("sasl_username"),
+        warn_time,
+        warn_offset,
+    )
+
+
+def _recipients(
+    data: bytes, offset: int, limit: int
+) -> tuple[list[RecipientRecord], int] | None:
+    """``recipients_from`` over the whole file ``data``; None: let it read (module doc)."""
+    size = len(data)
+    out: list[RecipientRecord] = []
+    pos = offset
+    while True:
+        if pos + 2 > size:
+            return None
+        rtype = data[pos]
+        length = data[pos + 1]
+        if length < 0x80:
+            start = pos + 2
+        else:
+            header = _header(data, pos)
+            if header is None:
+                return None
+            length, start = header
+        end = start + length
+        if rtype == REC_RCPT:
+            if len(out) == limit:
+                return out, pos
+            if end > size or not length:
+                return None
+            flags = data[start]
+            if flags & _HAS_ORCPT:
+                try:
+                    out.append(_decode_recipient(data[start:end], pos))
+                except Exception:
+                    return None
+            else:
+                address = data[start + 1 : end].decode("utf-8", "surrogateescape")
+                out.append(RecipientRecord(address, pos, None, _NOTIFY_SETS[flags & 15]))
+        elif rtype == REC_DONE:
+            if end > size:
+                return None
+        elif rtype == REC_CONTENT:
+            return out, 0
+        else:
+            return None
+        pos = end
+
+
+def _first_recipients(
+    f: BinaryIO, size: int, qf: QueueFile, limit: int, data: bytes | None = None
+) -> tuple[list[RecipientRecord] | Exception, int]:
+    """The first read's answer (``data``: the whole file, parsed from its bytes if it can)."""
+    try:
+        if data is not None:
+            got = _recipients(data, qf.first_recipient_offset, limit)
+            if got is not None:
+                return got
         return recipients_from(f, size, qf.path, qf.first_recipient_offset, limit)
     except OSError as exc:  # as read_recipients raises it
         return QueueFileIOError(f"{qf.path}: cannot read queue file: {exc.strerror}"), 0
@@ -65,10 +258,13 @@ def _first_recipients(
         return exc, 0
 
 
-def load_queue_file(path: Path, rcpt_limit: int, keep: int = 0) -> LoadedFile:
-    """Envelope, mode, first recipients and (small) content of ``path`` (module doc)."""
+def load_queue_file(
+    path: Path, rcpt_limit: int, keep: int = 0, name: str | None = None
+) -> LoadedFile:
+    """Envelope, mode, first recipients and (small) content of ``path`` (module doc);
+    ``name``: ``str(path)``, when the caller has it (the open needs no conversion)."""
     try:
-        fd, st = open_regular_stat(path, os.O_RDONLY)
+        fd, st = open_regular_stat(path if name is None else name, os.O_RDONLY)
         try:
             whole = max(_WHOLE, keep)
             # A buffer of the file's size (+1 sees a file that grew since the fstat: it is
@@ -79,8 +275,8 @@ def load_queue_file(path: Path, rcpt_limit: int, keep: int = 0) -> LoadedFile:
                 os.close(fd)
                 fd = -1
                 f = io.BytesIO(data)
-                qf = QueueFile.parse(f, path, len(data))
-                recipients, next_offset = _first_recipients(f, len(data), qf, rcpt_limit)
+                qf = _envelope(data, path) or QueueFile.parse(f, path, len(data))
+                recipients, next_offset = _first_recipients(f, len(data), qf, rcpt_limit, data)
                 end = qf.content_offset + qf.content_size
                 content = data[qf.content_offset : end] if qf.content_size <= keep else None
                 return LoadedFile(qf, st.st_mode, recipients, next_offset, content)

@@ -102,7 +102,9 @@ def open_regular(path: Path, flags: int, mode: int = 0o600) -> int:
     return open_regular_stat(path, flags, mode)[0]
 
 
-def open_regular_stat(path: Path, flags: int, mode: int = 0o600) -> tuple[int, os.stat_result]:
+def open_regular_stat(
+    path: Path | str, flags: int, mode: int = 0o600
+) -> tuple[int, os.stat_result]:
     """``open_regular``, and the descriptor's ``fstat`` (size and mode without another call)."""
     try:
         fd = os.open(path, flags | _OPEN_FLAGS, mode)

@@ -79,12 +79,13 @@ class Spool:
     ``fsync=False`` skips every fsync (benchmarks and throw-away tests only).
     """
 
-    __slots__ = ("_ids", "fsync", "root")
+    __slots__ = ("_dirs", "_ids", "fsync", "root")
 
     def __init__(self, root: Path, *, fsync: bool = True, ids: QueueIdGenerator | None = None):
         self.root = root
         self.fsync = fsync
         self._ids = ids or QueueIdGenerator()
+        self._dirs: dict[str, Path] = {}
 
     # -- layout ----------------------------------------------------------------
 
@@ -114,6 +115,14 @@ class Spool:
         """Where ``queue_id`` lives (or would live) in ``queue``."""
         _check_id(queue_id)
         return self.root / queue / queue_id
+
+    def queue_dir(self, queue: str) -> Path:
+        """The directory of ``queue`` (one Path per queue: a child of it is cheaper to build
+        than a Path parsed whole)."""
+        found = self._dirs.get(queue)
+        if found is None:
+            found = self._dirs[queue] = self.root / queue
+        return found
 
     def new_queue_id(self) -> str:
         return self._ids.next()
@@ -159,6 +168,11 @@ class Spool:
 
     def move(self, queue_id: str, src: str, dst: str, *, mtime: float | None = None) -> Path:
         """Rename a queue file to another queue; set its atime/mtime first if given."""
+        return Path(self.rename(queue_id, src, dst, mtime=mtime))
+
+    def rename(self, queue_id: str, src: str, dst: str, *, mtime: float | None = None) -> str:
+        """``move``, returning the new name as a string (no ``Path`` is built: a pathlib
+        construction costs more instructions than the rename's own Python)."""
         _check_id(queue_id)
         # Plain strings for the system calls: a pathlib join costs more than the rename
         # (every message is moved at least once, in a worker thread holding the GIL).
@@ -174,7 +188,7 @@ class Spool:
             ) from exc
         except OSError as exc:
             raise SpoolError(f"cannot move {queue_id} from {src} to {dst}: {exc.strerror}") from exc
-        return Path(dst_name)
+        return dst_name
 
     def remove(self, queue: str, queue_id: str) -> bool:
         """Delete a queue file; False if it was already gone."""

@@ -247,7 +247,13 @@ async def test_a_parser_exception_quarantines_only_that_file(
             raise IndexError("parser bug")
         return real(f, path, size)
 
+    def whole(data: bytes, path: Path) -> QueueFile | None:
+        if path.name == bad:
+            raise IndexError("parser bug")
+        return None  # the record stream parses the others
+
     monkeypatch.setattr(QueueFile, "parse", staticmethod(parse))
+    monkeypatch.setattr(loadread, "_envelope", whole)  # a file read whole
     task = await _run_until_idle(engine)
     await _stop(engine, task)
     assert agent.delivered == [(good, "y@a.test")]
@@ -271,7 +277,14 @@ async def test_a_reader_exception_defers_only_that_message(
             raise MemoryError("reader bug")
         return real(f, size, path, offset, limit)
 
+    def whole(data: bytes, offset: int, limit: int) -> Any:
+        if b"x@a.test" in data and not calls:
+            calls.append(1)
+            raise MemoryError("reader bug")
+        return None  # the record stream reads the others
+
     monkeypatch.setattr(loadread, "recipients_from", read)  # the load's first read
+    monkeypatch.setattr(loadread, "_recipients", whole)  # ... of a file read whole
     task = await _run_until_idle(engine)
     await _stop(engine, task)
     assert agent.delivered == [(good, "y@a.test")]

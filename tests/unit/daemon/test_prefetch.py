@@ -97,9 +97,9 @@ async def test_a_read_the_read_ahead_covers_is_answered_in_the_pass(
     opened: list[str] = []
     plain_open = records.open_regular_stat
 
-    def counted_open(path: Path, flags: int, mode: int = 0o600) -> object:
-        if path.parent.name == "active" and flags & (os.O_WRONLY | os.O_RDWR) == 0:
-            opened.append(path.name)
+    def counted_open(path: Path | str, flags: int, mode: int = 0o600) -> object:
+        if Path(path).parent.name == "active" and flags & (os.O_WRONLY | os.O_RDWR) == 0:
+            opened.append(Path(path).name)
         return plain_open(path, flags, mode)
 
     monkeypatch.setattr(records, "open_regular_stat", counted_open)
