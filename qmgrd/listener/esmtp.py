@@ -6,16 +6,23 @@ either the parsed values or the reply to send (Postfix's smtpd texts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from qmgrd.spool import RecipientSpec
 
 _NOTIFY_WORDS = frozenset({"SUCCESS", "FAILURE", "DELAY"})
 
 
-@dataclass(frozen=True, slots=True)
-class MailParams:
-    """What MAIL FROM's parameters said."""
+class MailParams(NamedTuple):
+    """What MAIL FROM's parameters said.
+
+    Immutable (it goes from here to the MAIL handler and into the envelope
+    head) but a named tuple, not a frozen dataclass: built at every MAIL with
+    parameters (SIZE= from most clients), and a frozen dataclass pays an
+    ``object.__setattr__`` call per field. Tuple equality is harmless: no
+    code compares or unpacks it; ``parse_mail_params`` callers tell it from
+    a reply with ``isinstance(result, str)``.
+    """
 
     size: int = 0  # SIZE=; 0 if not given
     body: str | None = None  # 7BIT | 8BITMIME
