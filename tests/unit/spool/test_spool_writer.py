@@ -177,6 +177,17 @@ def test_misuse_is_a_bug(spool: Spool) -> None:
         EnvelopeHead("s@x", 1.0, ret="SOME")
 
 
+def test_the_head_is_immutable_and_checks_ret_and_body() -> None:
+    """EnvelopeHead (a named tuple for speed) refuses assignment and bad RET/BODY values."""
+    with pytest.raises(AttributeError):
+        HEAD.sender = "other@x.test"  # type: ignore[misc]
+    with pytest.raises(InvariantError):
+        EnvelopeHead("s@x", 1.0, body="BINARYMIME")
+    plain = EnvelopeHead("", 1.5)
+    assert plain.encode() == b"T\x081 500000S\x00"
+    assert repr(plain).startswith("EnvelopeHead(sender='', arrival_time=1.5, envid=None")
+
+
 def test_queue_id_is_known_at_creation_and_kept_by_commit(spool: Spool) -> None:
     """The id drawn at MAIL time (named in Received:) is the committed file's id."""
     writer = QueueFileWriter(spool, HEAD, flush_size=64)
