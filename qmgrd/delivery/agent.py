@@ -26,7 +26,7 @@ the queue manager's load read them already).
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -93,7 +93,14 @@ class DeliveryRequest:
     cache_store: bool = False  # qmgr STORE flag: may keep the session for the next entry
 
 
-@dataclass(frozen=True, slots=True)
+def _setters(cls: type, names: str) -> tuple[Callable[[object, object], None], ...]:
+    """The slot setters of a frozen slotted dataclass, for its own ``__init__``: the
+    generated one calls ``object.__setattr__`` per field, about three times the cost (these
+    results are built per delivery); the class stays frozen (its ``__setattr__`` refuses)."""
+    return tuple(cls.__dict__[name].__set__ for name in names.split())
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class RecipientResult:
     """The outcome for one recipient, with the DSN code and the text that explains it."""
 
@@ -102,6 +109,21 @@ class RecipientResult:
     dsn: str  # enhanced status code, e.g. "2.0.0", "4.4.1", "5.1.1"
     reply: str  # remote reply ("250 2.0.0 Ok") or local reason
     relay: str = "none"  # "host[addr]:port" of the server that gave the reply
+
+    def __init__(
+        self, recipient: Recipient, outcome: Outcome, dsn: str, reply: str, relay: str = "none"
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _RR_RECIPIENT(self, recipient)
+        _RR_OUTCOME(self, outcome)
+        _RR_DSN(self, dsn)
+        _RR_REPLY(self, reply)
+        _RR_RELAY(self, relay)
+
+
+_RR_RECIPIENT, _RR_OUTCOME, _RR_DSN, _RR_REPLY, _RR_RELAY = _setters(
+    RecipientResult, "recipient outcome dsn reply relay"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +134,7 @@ class HopStatus:
     reason: str  # e.g. "connect to mx.example.com[192.0.2.1]:25: Connection refused"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DeliveryResult:
     """Everything the engine learns from one delivery attempt."""
 
@@ -124,10 +146,37 @@ class DeliveryResult:
     throttle: Throttle | None = None  # set only with ``hop`` (module doc); last: callers pass
     # the fields above by position
 
-    def __post_init__(self) -> None:
-        """A throttle without a hop status is a bug in the agent."""
-        if self.throttle is not None and self.hop is None:
+    def __init__(
+        self,
+        recipients: tuple[RecipientResult, ...],
+        hop: HopStatus | None = None,
+        conn_setup_time: float = 0.0,
+        transmission_time: float = 0.0,
+        extra: dict[str, str] | None = None,
+        throttle: Throttle | None = None,
+    ) -> None:
+        """The fields, in order (see ``_setters``; ``extra`` None: a new empty dict).
+
+        A throttle without a hop status is a bug in the agent.
+        """
+        if throttle is not None and hop is None:
             raise InvariantError("DeliveryResult.throttle needs a hop status")
+        _DR_RECIPIENTS(self, recipients)
+        _DR_HOP(self, hop)
+        _DR_CONN_SETUP_TIME(self, conn_setup_time)
+        _DR_TRANSMISSION_TIME(self, transmission_time)
+        _DR_EXTRA(self, {} if extra is None else extra)
+        _DR_THROTTLE(self, throttle)
+
+
+(
+    _DR_RECIPIENTS,
+    _DR_HOP,
+    _DR_CONN_SETUP_TIME,
+    _DR_TRANSMISSION_TIME,
+    _DR_EXTRA,
+    _DR_THROTTLE,
+) = _setters(DeliveryResult, "recipients hop conn_setup_time transmission_time extra throttle")
 
 
 class Agent(Protocol):
