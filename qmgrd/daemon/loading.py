@@ -20,23 +20,23 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   Postfix's order).
 - A load (no task of its own: its file work in a worker thread, then its
   future's callback; a bug there reaches the supervisor as a task's would;
-  shutdown waits for loads in flight, ``settle()``) moves the file to ``active/``, forgets the defer log of the last pass
-  (notes §9) and looks for bounce reasons (none for a message a listener has
-  just committed: ``enqueue`` with its flow facts; its id is new), parses the
-  envelope and registers the message with the scheduler (IN_CORE) with its
-  fairness flow (``qmgrd.daemon.flows``). A file that cannot be parsed (or
-  whose parse fails in any way) goes to ``corrupt/``; one
-  that vanished (an operator took it) is forgotten; a disk error leaves it
-  where it was, to be loaded again. A system error while opening the moved
-  file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
-  file: it is moved back where it came from and loaded again later (logged),
-  never quarantined. The load's job opens and reads the file once
-  (``qmgrd.spool.loadread``): the envelope, the forced-expire mark, the first
-  recipients (as many as a read request may ask: the message's first read
-  request is answered from them without a thread hop of its own, with the same
-  records, resume offset and errors a read would give) and, for a small
-  message, the content, which its deliveries then send without reading the
-  file (``MessageTable.hold_content``, bounded in bytes).
+  shutdown waits for loads in flight, ``settle()``) moves the file to
+  ``active/``, forgets the defer log of the last pass (notes §9) and looks for
+  bounce reasons (none for a message a listener has just committed: ``enqueue``
+  with its flow facts; its id is new), parses the envelope and registers the
+  message with the scheduler (IN_CORE) with its fairness flow
+  (``qmgrd.daemon.flows``). A file that cannot be parsed (or whose parse fails
+  in any way) goes to ``corrupt/``; one that vanished (an operator took it) is
+  forgotten; a disk error leaves it where it was, to be loaded again. A system
+  error while opening the moved file (``QueueFileIOError``: EMFILE, EIO, EACCES,
+  ...) says nothing about the file: it is moved back where it came from and
+  loaded again later (logged), never quarantined. The load's job opens and reads
+  the file once (``qmgrd.spool.loadread``): the envelope, the forced-expire
+  mark, the first recipients (as many as a read request may ask: the message's
+  first read request is answered from them without a thread hop of its own, with
+  the same records, resume offset and errors a read would give) and, for a small
+  message, the content, which its deliveries then send without reading the file
+  (``MessageTable.hold_content``, bounded in bytes).
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -254,7 +254,7 @@ class Loader:
             return
         try:
             self._install(record, now, future)
-        except BaseException as exc:  # a bug: the supervisor's to report, as a task's would be
+        except Exception as exc:  # a bug: the supervisor's to report, as a task's would be
             self.ctx.spawn(_reraise(exc))
         self.ctx.kick()  # as a task's end would: the loop runs a pass
 

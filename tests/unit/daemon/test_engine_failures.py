@@ -123,6 +123,24 @@ async def test_invariant_error_in_a_task_stops_the_daemon(tmp_path: Path) -> Non
     assert spool.list_ids("active") + spool.list_ids("deferred") == [qid]
 
 
+async def test_invariant_error_in_a_load_stops_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load has no task of its own: an InvariantError in its callback still reaches the
+    supervisor and ends run() with InvariantError; the file stays in active/."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent())
+    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise InvariantError("broken load")
+
+    monkeypatch.setattr(engine.ctx.scheduler, "message_create", broken)
+    task = asyncio.create_task(engine.run())
+    with pytest.raises(InvariantError, match=r"the daemon stops.*broken load"):
+        await asyncio.wait_for(task, TIMEOUT)
+    assert spool.list_ids("active") == [qid]
+
+
 @dataclass
 class Gate:
     """Blocks the full notice composition (on the composer's thread) until opened."""
