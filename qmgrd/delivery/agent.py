@@ -65,7 +65,17 @@ class ContentSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+def _setters(cls: type, names: str) -> tuple[Callable[[object, object], None], ...]:
+    """The slot setters of a frozen slotted dataclass, for its own ``__init__``: the
+    generated one calls ``object.__setattr__`` per field, about three times the cost (these
+    objects are built per delivery); the class stays frozen (its ``__setattr__`` refuses)."""
+    return tuple(cls.__dict__[name].__set__ for name in names.split())
+
+
+_NO_NOTIFY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Recipient:
     """A recipient as handed to an agent: its address and where its record lives."""
 
@@ -74,8 +84,24 @@ class Recipient:
     orcpt: str | None = None  # DSN ORCPT (e.g. "rfc822;a@b")
     notify: frozenset[str] = frozenset()  # DSN NOTIFY keywords: SUCCESS, FAILURE, DELAY, NEVER
 
+    def __init__(
+        self,
+        address: str,
+        offset: int,
+        orcpt: str | None = None,
+        notify: frozenset[str] = _NO_NOTIFY,
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _R_ADDRESS(self, address)
+        _R_OFFSET(self, offset)
+        _R_ORCPT(self, orcpt)
+        _R_NOTIFY(self, notify)
 
-@dataclass(frozen=True, slots=True)
+
+_R_ADDRESS, _R_OFFSET, _R_ORCPT, _R_NOTIFY = _setters(Recipient, "address offset orcpt notify")
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class DeliveryRequest:
     """One entry: up to ``<transport>_destination_recipient_limit`` recipients, one nexthop."""
 
@@ -92,12 +118,54 @@ class DeliveryRequest:
     cache_load: bool = False  # qmgr LOAD flag: may use a cached session
     cache_store: bool = False  # qmgr STORE flag: may keep the session for the next entry
 
+    def __init__(
+        self,
+        queue_id: str,
+        transport: str,
+        nexthop: str,
+        sender: str,
+        recipients: tuple[Recipient, ...],
+        content: ContentSource,
+        smtputf8: bool = False,
+        body_8bitmime: bool = False,
+        envid: str | None = None,
+        ret: str | None = None,
+        cache_load: bool = False,
+        cache_store: bool = False,
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _Q_QUEUE_ID(self, queue_id)
+        _Q_TRANSPORT(self, transport)
+        _Q_NEXTHOP(self, nexthop)
+        _Q_SENDER(self, sender)
+        _Q_RECIPIENTS(self, recipients)
+        _Q_CONTENT(self, content)
+        _Q_SMTPUTF8(self, smtputf8)
+        _Q_BODY_8BITMIME(self, body_8bitmime)
+        _Q_ENVID(self, envid)
+        _Q_RET(self, ret)
+        _Q_CACHE_LOAD(self, cache_load)
+        _Q_CACHE_STORE(self, cache_store)
 
-def _setters(cls: type, names: str) -> tuple[Callable[[object, object], None], ...]:
-    """The slot setters of a frozen slotted dataclass, for its own ``__init__``: the
-    generated one calls ``object.__setattr__`` per field, about three times the cost (these
-    results are built per delivery); the class stays frozen (its ``__setattr__`` refuses)."""
-    return tuple(cls.__dict__[name].__set__ for name in names.split())
+
+(
+    _Q_QUEUE_ID,
+    _Q_TRANSPORT,
+    _Q_NEXTHOP,
+    _Q_SENDER,
+    _Q_RECIPIENTS,
+    _Q_CONTENT,
+    _Q_SMTPUTF8,
+    _Q_BODY_8BITMIME,
+    _Q_ENVID,
+    _Q_RET,
+    _Q_CACHE_LOAD,
+    _Q_CACHE_STORE,
+) = _setters(
+    DeliveryRequest,
+    "queue_id transport nexthop sender recipients content smtputf8 body_8bitmime envid ret"
+    " cache_load cache_store",
+)
 
 
 @dataclass(frozen=True, slots=True, init=False)
