@@ -306,7 +306,11 @@ class Engine(EngineControl):
             timer.cancel()
 
     async def _shutdown(self) -> None:
-        await self.tasks.shutdown(self.ctx.settings.shutdown_timeout, self.log)
+        timeout = self.ctx.settings.shutdown_timeout
+        await self.tasks.shutdown(timeout, self.log)
+        await self.loader.settle()  # loads in flight (no task each: qmgrd.daemon.loading)
+        if self.tasks.busy:  # what their callbacks started (a quarantine)
+            await self.tasks.shutdown(timeout, self.log)
         await self.ctx.io.wait_idle()
         self.composer.close()
         await close_agents(self.ctx.agents.values(), self.log)

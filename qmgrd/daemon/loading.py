@@ -18,23 +18,25 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   qmgr also feeds a file or two per pass of its event loop); which one is
   fair admission's choice (``qmgrd.core.admission``: with fairness ``none``,
   Postfix's order).
-- A load moves the file to ``active/``, forgets the defer log of the last pass
-  (notes §9) and looks for bounce reasons (none for a message a listener has
-  just committed: ``enqueue`` with its flow facts; its id is new), parses the
-  envelope and registers the message with the scheduler (IN_CORE) with its
-  fairness flow (``qmgrd.daemon.flows``). A file that cannot be parsed (or
-  whose parse fails in any way) goes to ``corrupt/``; one
-  that vanished (an operator took it) is forgotten; a disk error leaves it
-  where it was, to be loaded again. A system error while opening the moved
-  file (``QueueFileIOError``: EMFILE, EIO, EACCES, ...) says nothing about the
-  file: it is moved back where it came from and loaded again later (logged),
-  never quarantined. The load's job opens and reads the file once
-  (``qmgrd.spool.loadread``): the envelope, the forced-expire mark, the first
-  recipients (as many as a read request may ask: the message's first read
-  request is answered from them without a thread hop of its own, with the same
-  records, resume offset and errors a read would give) and, for a small
-  message, the content, which its deliveries then send without reading the
-  file (``MessageTable.hold_content``, bounded in bytes).
+- A load (no task of its own: its file work in a worker thread, then its
+  future's callback; a bug there reaches the supervisor as a task's would;
+  shutdown waits for loads in flight, ``settle()``) moves the file to
+  ``active/``, forgets the defer log of the last pass (notes §9) and looks for
+  bounce reasons (none for a message a listener has just committed: ``enqueue``
+  with its flow facts; its id is new), parses the envelope and registers the
+  message with the scheduler (IN_CORE) with its fairness flow
+  (``qmgrd.daemon.flows``). A file that cannot be parsed (or whose parse fails
+  in any way) goes to ``corrupt/``; one that vanished (an operator took it) is
+  forgotten; a disk error leaves it where it was, to be loaded again. A system
+  error while opening the moved file (``QueueFileIOError``: EMFILE, EIO, EACCES,
+  ...) says nothing about the file: it is moved back where it came from and
+  loaded again later (logged), never quarantined. The load's job opens and reads
+  the file once (``qmgrd.spool.loadread``): the envelope, the forced-expire
+  mark, the first recipients (as many as a read request may ask: the message's
+  first read request is answered from them without a thread hop of its own, with
+  the same records, resume offset and errors a read would give) and, for a small
+  message, the content, which its deliveries then send without reading the file
+  (``MessageTable.hold_content``, bounded in bytes).
 - ``serve_reads()`` answers the scheduler's read requests: a batch of
   recipients read from the queue file and resolved to (transport, nexthop,
   queue). A read the spool refuses makes the file corrupt; a system error on
@@ -52,6 +54,7 @@ message unaccounted for in the table. ``InvariantError`` is never caught here.
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from pathlib import Path
 
@@ -72,6 +75,13 @@ __all__ = ["FEED_BATCH", "PREFETCH", "Loader", "_from_prefetch"]
 
 FEED_BATCH = 64  # loads started per engine pass at most
 
+_Loaded = tuple[Path, LoadedFile | SpoolError, bool] | None  # a load's file work: see load
+
+
+async def _reraise(exc: BaseException) -> None:
+    """A supervised task that fails with ``exc`` (a bug in a load's callback)."""
+    raise exc
+
 
 class Loader:
     """Scans, feeds the active queue, loads messages and serves recipient reads."""
@@ -82,6 +92,7 @@ class Loader:
         self.rescan_due = 0.0  # when incoming/ is scanned again after a failure; 0 = none
         self.deferred_scan_running = False
         self._fresh: set[str] = set()  # waiting ids a listener has just committed
+        self._loads: set[asyncio.Future[_Loaded]] = set()  # file work of loads in flight
 
     # ------------------------------------------------------------------ scans
 
@@ -189,11 +200,12 @@ class Loader:
             record = table.next_waiting(room, now)
             if record is None:
                 return
-            ctx.spawn(self.load(record, now))
+            self.load(record, now)
         ctx.kick()  # more may wait: the next pass goes on, after the loop ran other work
 
-    async def load(self, record: Tracked, now: float) -> None:
-        """Move ``record``'s file to ``active/``, parse it and hand it to the scheduler."""
+    def load(self, record: Tracked, now: float) -> None:
+        """Start moving ``record``'s file to ``active/`` and parsing it (worker thread); the
+        future's callback hands it to the scheduler (no task per message: ``_loaded``)."""
         ctx = self.ctx
         spool, queue_id, src = ctx.spool, record.queue_id, record.source
         fresh = queue_id in self._fresh
@@ -202,7 +214,7 @@ class Loader:
         keep = ctx.table.content_room()  # the content itself, for a small message
         active = spool.queue_dir("active")
 
-        def work() -> tuple[Path, LoadedFile | SpoolError, bool] | None:
+        def work() -> _Loaded:
             try:
                 name = spool.rename(queue_id, src, "active")
             except SpoolError:
@@ -230,8 +242,32 @@ class Loader:
             except Exception as exc:  # a parser bug on hostile bytes: quarantine, not a crash
                 return path, SpoolError(f"cannot parse queue file: {exc!r}"), bounced
 
+        future = ctx.io.submit(work)
+        self._loads.add(future)
+        future.add_done_callback(partial(self._loaded, record, now))
+
+    def _loaded(self, record: Tracked, now: float, future: asyncio.Future[_Loaded]) -> None:
+        """A load's file work ended: contained like a supervised task's (a bug escapes to
+        the supervisor, which stops the daemon; cancellation is not a failure)."""
+        self._loads.discard(future)
+        if future.cancelled():
+            return
         try:
-            loaded = await ctx.io.submit(work)
+            self._install(record, now, future)
+        except Exception as exc:  # a bug: the supervisor's to report, as a task's would be
+            self.ctx.spawn(_reraise(exc))
+        self.ctx.kick()  # as a task's end would: the loop runs a pass
+
+    async def settle(self) -> None:
+        """Wait for loads in flight (their file work and their callbacks; shutdown)."""
+        while self._loads:
+            await asyncio.gather(*list(self._loads), return_exceptions=True)
+
+    def _install(self, record: Tracked, now: float, future: asyncio.Future[_Loaded]) -> None:
+        ctx = self.ctx
+        queue_id, src = record.queue_id, record.source
+        try:
+            loaded = future.result()
         except InvariantError:
             raise
         except Exception as exc:  # disk trouble (or worse): the file stays where it was
@@ -251,7 +287,7 @@ class Loader:
             return
         path, got, bounced = loaded
         if isinstance(got, SpoolError):
-            await self._quarantine(record, str(got))
+            ctx.spawn(self._quarantine(record, str(got)))
             return
         qf = got.qf
         msg = ActiveMessage(

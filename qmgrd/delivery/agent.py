@@ -26,7 +26,7 @@ the queue manager's load read them already).
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -65,7 +65,17 @@ class ContentSource(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+def _setters(cls: type, names: str) -> tuple[Callable[[object, object], None], ...]:
+    """The slot setters of a frozen slotted dataclass, for its own ``__init__``: the
+    generated one calls ``object.__setattr__`` per field, about three times the cost (these
+    objects are built per delivery); the class stays frozen (its ``__setattr__`` refuses)."""
+    return tuple(cls.__dict__[name].__set__ for name in names.split())
+
+
+_NO_NOTIFY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Recipient:
     """A recipient as handed to an agent: its address and where its record lives."""
 
@@ -74,8 +84,24 @@ class Recipient:
     orcpt: str | None = None  # DSN ORCPT (e.g. "rfc822;a@b")
     notify: frozenset[str] = frozenset()  # DSN NOTIFY keywords: SUCCESS, FAILURE, DELAY, NEVER
 
+    def __init__(
+        self,
+        address: str,
+        offset: int,
+        orcpt: str | None = None,
+        notify: frozenset[str] = _NO_NOTIFY,
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _R_ADDRESS(self, address)
+        _R_OFFSET(self, offset)
+        _R_ORCPT(self, orcpt)
+        _R_NOTIFY(self, notify)
 
-@dataclass(frozen=True, slots=True)
+
+_R_ADDRESS, _R_OFFSET, _R_ORCPT, _R_NOTIFY = _setters(Recipient, "address offset orcpt notify")
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class DeliveryRequest:
     """One entry: up to ``<transport>_destination_recipient_limit`` recipients, one nexthop."""
 
@@ -92,8 +118,57 @@ class DeliveryRequest:
     cache_load: bool = False  # qmgr LOAD flag: may use a cached session
     cache_store: bool = False  # qmgr STORE flag: may keep the session for the next entry
 
+    def __init__(
+        self,
+        queue_id: str,
+        transport: str,
+        nexthop: str,
+        sender: str,
+        recipients: tuple[Recipient, ...],
+        content: ContentSource,
+        smtputf8: bool = False,
+        body_8bitmime: bool = False,
+        envid: str | None = None,
+        ret: str | None = None,
+        cache_load: bool = False,
+        cache_store: bool = False,
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _Q_QUEUE_ID(self, queue_id)
+        _Q_TRANSPORT(self, transport)
+        _Q_NEXTHOP(self, nexthop)
+        _Q_SENDER(self, sender)
+        _Q_RECIPIENTS(self, recipients)
+        _Q_CONTENT(self, content)
+        _Q_SMTPUTF8(self, smtputf8)
+        _Q_BODY_8BITMIME(self, body_8bitmime)
+        _Q_ENVID(self, envid)
+        _Q_RET(self, ret)
+        _Q_CACHE_LOAD(self, cache_load)
+        _Q_CACHE_STORE(self, cache_store)
 
-@dataclass(frozen=True, slots=True)
+
+(
+    _Q_QUEUE_ID,
+    _Q_TRANSPORT,
+    _Q_NEXTHOP,
+    _Q_SENDER,
+    _Q_RECIPIENTS,
+    _Q_CONTENT,
+    _Q_SMTPUTF8,
+    _Q_BODY_8BITMIME,
+    _Q_ENVID,
+    _Q_RET,
+    _Q_CACHE_LOAD,
+    _Q_CACHE_STORE,
+) = _setters(
+    DeliveryRequest,
+    "queue_id transport nexthop sender recipients content smtputf8 body_8bitmime envid ret"
+    " cache_load cache_store",
+)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class RecipientResult:
     """The outcome for one recipient, with the DSN code and the text that explains it."""
 
@@ -102,6 +177,21 @@ class RecipientResult:
     dsn: str  # enhanced status code, e.g. "2.0.0", "4.4.1", "5.1.1"
     reply: str  # remote reply ("250 2.0.0 Ok") or local reason
     relay: str = "none"  # "host[addr]:port" of the server that gave the reply
+
+    def __init__(
+        self, recipient: Recipient, outcome: Outcome, dsn: str, reply: str, relay: str = "none"
+    ) -> None:
+        """The fields, in order (see ``_setters``)."""
+        _RR_RECIPIENT(self, recipient)
+        _RR_OUTCOME(self, outcome)
+        _RR_DSN(self, dsn)
+        _RR_REPLY(self, reply)
+        _RR_RELAY(self, relay)
+
+
+_RR_RECIPIENT, _RR_OUTCOME, _RR_DSN, _RR_REPLY, _RR_RELAY = _setters(
+    RecipientResult, "recipient outcome dsn reply relay"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +202,7 @@ class HopStatus:
     reason: str  # e.g. "connect to mx.example.com[192.0.2.1]:25: Connection refused"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class DeliveryResult:
     """Everything the engine learns from one delivery attempt."""
 
@@ -124,10 +214,37 @@ class DeliveryResult:
     throttle: Throttle | None = None  # set only with ``hop`` (module doc); last: callers pass
     # the fields above by position
 
-    def __post_init__(self) -> None:
-        """A throttle without a hop status is a bug in the agent."""
-        if self.throttle is not None and self.hop is None:
+    def __init__(
+        self,
+        recipients: tuple[RecipientResult, ...],
+        hop: HopStatus | None = None,
+        conn_setup_time: float = 0.0,
+        transmission_time: float = 0.0,
+        extra: dict[str, str] | None = None,
+        throttle: Throttle | None = None,
+    ) -> None:
+        """The fields, in order (see ``_setters``; ``extra`` None: a new empty dict).
+
+        A throttle without a hop status is a bug in the agent.
+        """
+        if throttle is not None and hop is None:
             raise InvariantError("DeliveryResult.throttle needs a hop status")
+        _DR_RECIPIENTS(self, recipients)
+        _DR_HOP(self, hop)
+        _DR_CONN_SETUP_TIME(self, conn_setup_time)
+        _DR_TRANSMISSION_TIME(self, transmission_time)
+        _DR_EXTRA(self, {} if extra is None else extra)
+        _DR_THROTTLE(self, throttle)
+
+
+(
+    _DR_RECIPIENTS,
+    _DR_HOP,
+    _DR_CONN_SETUP_TIME,
+    _DR_TRANSMISSION_TIME,
+    _DR_EXTRA,
+    _DR_THROTTLE,
+) = _setters(DeliveryResult, "recipients hop conn_setup_time transmission_time extra throttle")
 
 
 class Agent(Protocol):

@@ -15,6 +15,7 @@ from qmgrd.delivery.agent import DeliveryRequest, DeliveryResult, Outcome, Recip
 from qmgrd.delivery.dsn import compose_dsn
 from qmgrd.errors import InvariantError
 from qmgrd.ops.operation import Operation
+from qmgrd.spool.loadread import load_queue_file
 from tests.support.agents import FakeAgent, Verdict
 from tests.support.engine import create_test_engine as _engine
 from tests.support.engine import run_until_idle as _run_until_idle
@@ -121,6 +122,52 @@ async def test_invariant_error_in_a_task_stops_the_daemon(tmp_path: Path) -> Non
     with pytest.raises(InvariantError, match=r"the daemon stops.*broken invariant"):
         await asyncio.wait_for(task, TIMEOUT)
     assert spool.list_ids("active") + spool.list_ids("deferred") == [qid]
+
+
+async def test_invariant_error_in_a_load_stops_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load has no task of its own: an InvariantError in its callback still reaches the
+    supervisor and ends run() with InvariantError; the file stays in active/."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent())
+    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise InvariantError("broken load")
+
+    monkeypatch.setattr(engine.ctx.scheduler, "message_create", broken)
+    task = asyncio.create_task(engine.run())
+    with pytest.raises(InvariantError, match=r"the daemon stops.*broken load"):
+        await asyncio.wait_for(task, TIMEOUT)
+    assert spool.list_ids("active") == [qid]
+
+
+async def test_shutdown_waits_for_a_load_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() returns only once a load's file work and its callback are done (no task)."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent())
+    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+    entered, opened = threading.Event(), threading.Event()
+    real = load_queue_file
+
+    def gated(*args: Any) -> Any:
+        entered.set()
+        opened.wait(TIMEOUT)
+        return real(*args)
+
+    monkeypatch.setattr("qmgrd.daemon.loading.load_queue_file", gated)
+    task = asyncio.create_task(engine.run())
+    assert await asyncio.to_thread(entered.wait, TIMEOUT)
+    engine.stop()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()
+    opened.set()
+    await asyncio.wait_for(task, TIMEOUT)
+    record = engine.ctx.table.find(qid)
+    assert record is not None and record.state is MessageState.IN_CORE
+    assert spool.list_ids("active") == [qid]
 
 
 @dataclass

@@ -21,9 +21,9 @@ async def test_loads_start_in_batches_of_feed_batch_per_pass(tmp_path: Path) -> 
     per_pass: Counter[int] = Counter()
     load = engine.loader.load
 
-    async def counted(record: Tracked, now: float) -> None:
+    def counted(record: Tracked, now: float) -> None:
         per_pass[engine._passes] += 1  # the pass that started this load
-        await load(record, now)
+        load(record, now)
 
     engine.loader.load = counted  # type: ignore[method-assign]
     task = await run_until_idle(engine)
