@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from qmgrd.cleanup import CleanupSettings
-from qmgrd.errors import ConfigError
+from qmgrd.errors import ConfigError, InvariantError
 from qmgrd.listener.auth import Credentials, load_password_file
 from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
 from qmgrd.netaddr import parse_ip
@@ -160,11 +160,14 @@ class ListenerSettings:
             cleanup=cleanup,
         )
 
-    def local_client(self, cleanup: CleanupSettings, addr: str, *, sasl: bool) -> bool:
-        """``cleanup.is_local_client`` for a client of this listener (``cleanup`` is ours)."""
+    def local_client(self, addr: str, *, sasl: bool) -> bool:
+        """``self.cleanup.is_local_client`` for a client of this listener (cleanup is set)."""
         key = (addr, sasl)
         known = self._local_memo.get(key)
         if known is None:
+            cleanup = self.cleanup
+            if cleanup is None:
+                raise InvariantError("local_client without cleanup settings")
             known = cleanup.is_local_client(
                 addr,
                 interfaces=[host for host, _ in self.listen],

@@ -121,7 +121,7 @@ class TransactionIO:
             return
         tls = self.tls is not None
         auth = self.sasl_user is not None
-        local = self.settings.local_client(cleanup, self.client_addr, sasl=auth)
+        local = self.settings.local_client(self.client_addr, sasl=auth)
         txn.cleanup = HeaderProcessor(
             cleanup,
             MessageInfo(
