@@ -729,6 +729,16 @@ _TABLE: tuple[Param, ...] = (
         "free spool bytes to keep; MAIL gets 452 4.3.1 when a message would not fit",
         minimum=0,
     ),
+    Param(
+        "queue_syncfs_dirty_limit",
+        _I,
+        "67108864",
+        "accepted mail is made durable by one syncfs(2) of the queue file system per commit "
+        "batch while the system's dirty page cache is at most this many bytes (Linux 5.8 or "
+        "later), else by an fsync per queue file as Postfix does (0 = always fsync per file)",
+        minimum=0,
+        qmgrd_only=True,
+    ),
     # --- SMTP listener: TLS (issue 11) ---
     Param(
         "smtpd_tls_security_level",

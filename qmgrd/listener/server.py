@@ -321,7 +321,8 @@ async def start_listener(
     """
     loop = asyncio.get_running_loop()
     ctx = ListenerContext(
-        committer=committer or GroupCommitter(spool),
+        committer=committer
+        or GroupCommitter(spool, syncfs_dirty_limit=settings.syncfs_dirty_limit),
         on_commit=on_commit,
         clock=clock,
         counters=ClientCounters(),

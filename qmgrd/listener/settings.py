@@ -17,6 +17,7 @@ from qmgrd.errors import ConfigError, InvariantError
 from qmgrd.listener.auth import Credentials, load_password_file
 from qmgrd.listener.tls import NO_TLS, TlsSettings, tls_settings
 from qmgrd.netaddr import parse_ip
+from qmgrd.spool.batchsync import DEFAULT_DIRTY_LIMIT
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _MEMO_SIZE = 4096  # client addresses whose mynetworks answers a settings object keeps
@@ -68,6 +69,8 @@ class ListenerSettings:
     smtpd_timeout: float  # seconds
     delay_warning_time: int = 0  # seconds; 0 = no W record
     queue_minfree: int = 0  # spool bytes to keep free (MAIL: 452 4.3.1 below it)
+    # queue_syncfs_dirty_limit: the group commit's syncfs bound (qmgrd.spool.batchsync)
+    syncfs_dirty_limit: int = DEFAULT_DIRTY_LIMIT
     sasl_credentials: Credentials | None = None  # SMTP AUTH offered when set
     smtpd_banner: str = ""  # text after "220 "; "" = "$myhostname ESMTP qmgrd"
     session_limit: int = 1000  # smtpd_session_limit
@@ -146,6 +149,7 @@ class ListenerSettings:
             smtpd_timeout=float(cfg.get_time("smtpd_timeout")),
             delay_warning_time=cfg.get_time("delay_warning_time"),
             queue_minfree=cfg.get_int("queue_minfree"),
+            syncfs_dirty_limit=cfg.get_int("queue_syncfs_dirty_limit"),
             sasl_credentials=_credentials(cfg),
             smtpd_banner=cfg.get_str("smtpd_banner"),
             session_limit=session_limit or cfg.get_int("smtpd_session_limit"),

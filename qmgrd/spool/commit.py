@@ -33,7 +33,10 @@ once (``commit_writers``), so a message costs the session one hop as before.
 Every system call in that hop hands the interpreter lock back and forth with
 the busy loop (a futex wake-up and a context switch on each side), so the hop
 makes only the ones that must sit between the two fsyncs: the file's fsync
-and its link. The directories' descriptors stay open (``QueueDirectories``),
+and its link; and where the spool's file system allows it and little else is
+dirty, the files' fsyncs are one ``syncfs`` for the whole batch
+(``qmgrd.spool.batchsync``: a write, an inode write and a cache flush per file
+become one submission and one flush). The directories' descriptors stay open (``QueueDirectories``),
 and each file's close and the unlink of its temporary name run on the loop
 after the hop (``QueueFileWriter.release``).
 A batch holding a whole message or a REDIRECT that must rebuild its file
@@ -69,6 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from qmgrd.errors import InvariantError, SpoolError
+from qmgrd.spool.batchsync import DEFAULT_DIRTY_LIMIT, BatchSync
 from qmgrd.spool.diskio import QueueDirectories, sync_directories
 from qmgrd.spool.records import Envelope
 from qmgrd.spool.store import Spool
@@ -96,6 +100,7 @@ class GroupCommitter:
 
     __slots__ = (
         "__weakref__",
+        "_batch_sync",
         "_closed",
         "_dirs",
         "_flushers",
@@ -118,6 +123,7 @@ class GroupCommitter:
         max_flights: int = 4,
         stall: float = 0.005,
         pool: BlockingRunner | None = None,
+        syncfs_dirty_limit: int = DEFAULT_DIRTY_LIMIT,
     ) -> None:
         if max_batch < 1 or max_flights < 1 or stall < 0:
             raise InvariantError(f"max_batch {max_batch}, max_flights {max_flights}, stall {stall}")
@@ -132,10 +138,18 @@ class GroupCommitter:
         self._starting = 0  # flushers created that have not taken their first batch yet
         self._closed = False
         self._dirs = QueueDirectories(str(spool.root))  # directory fsyncs: opened once
+        # queue_syncfs_dirty_limit: one syncfs per batch while little else is dirty
+        self._batch_sync = BatchSync(str(spool.root), syncfs_dirty_limit if spool.fsync else 0)
         self._hops = _Hops()  # where hops run without a pool
         # A committer dropped without close (a test's) still ends its threads and descriptors.
         weakref.finalize(self, self._hops.close)
         weakref.finalize(self, self._dirs.close)
+        weakref.finalize(self, self._batch_sync.close)
+
+    @property
+    def batch_sync(self) -> BatchSync:
+        """How writer batches are made durable, and how many went each way."""
+        return self._batch_sync
 
     async def commit(self, envelope: Envelope, content: bytes) -> str:
         """Durably store a message; returns its queue id, raises SpoolError on failure."""
@@ -216,10 +230,17 @@ class GroupCommitter:
                 results.append(exc)
         live = [w for w, r in zip(writers, results, strict=True) if r is None]
         if live:
-            # One hop: fsync and link each file, fsync each queue directory once; the
-            # files are closed and their temporary names unlinked here, on the loop.
+            # One hop: fsync (or one syncfs for all) and link each file, fsync each queue
+            # directory once; the files are closed and their temporary names unlinked
+            # here, on the loop.
+            whole_fs = self._batch_sync.whole_fs()
             hop = functools.partial(
-                commit_writers, self.spool, live, dirs=self._dirs, keep_open=True
+                commit_writers,
+                self.spool,
+                live,
+                dirs=self._dirs,
+                keep_open=True,
+                batch_sync=self._batch_sync if whole_fs else None,
             )
             try:
                 done = iter(await self._run(hop))
@@ -250,6 +271,7 @@ class GroupCommitter:
             await asyncio.shield(asyncio.gather(*self._flushers))
         self._hops.close()
         self._dirs.close()
+        self._batch_sync.close()
 
 
 class _Hops:
@@ -327,6 +349,7 @@ def commit_writers(
     *,
     dirs: QueueDirectories | None = None,
     keep_open: bool = False,
+    batch_sync: BatchSync | None = None,
 ) -> list[str | SpoolError]:
     """Commit several writers with one fsync per target directory; a result per writer.
 
@@ -334,13 +357,24 @@ def commit_writers(
     acknowledged, so none may stay where the queue manager would find it.
     ``dirs``: the directories' descriptors, kept open; ``keep_open``: each
     file's close and temporary name are left to the caller's
-    ``QueueFileWriter.release`` (writers already ``finish``ed).
+    ``QueueFileWriter.release`` (writers already ``finish``ed). ``batch_sync``
+    (with ``keep_open`` only): one syncfs of the file system instead of each
+    file's fsync; if it fails, every file is discarded and fails.
     """
     results: list[str | SpoolError] = []
+    if batch_sync is not None and keep_open:
+        try:
+            batch_sync.sync()
+        except OSError as exc:
+            failed = SpoolError(f"queue file write error: {exc.strerror or exc}")
+            for writer in writers:
+                writer.discard()
+            return [failed for _ in writers]
     for writer in writers:
         try:
             if keep_open:
-                writer.sync()
+                if batch_sync is None:
+                    writer.sync()
                 results.append(writer.publish(keep_open=True))
             else:
                 results.append(writer.commit())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import resource
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from qmgrd.listener import ListenerSettings
 from qmgrd.listener import settings as settings_module
 from qmgrd.listener.limits import ClientCounters
 from qmgrd.listener.server import fd_session_cap
+from qmgrd.spool.batchsync import DEFAULT_DIRTY_LIMIT, syncfs_reports_errors
+from tests.support.listener import listening
+
+SYNCFS_HERE = syncfs_reports_errors(os.uname().sysname, os.uname().release)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -123,3 +128,32 @@ def test_a_replaced_settings_object_builds_its_own_ehlo_lines() -> None:
     other = dataclasses.replace(s, message_size_limit=2000)
     assert other.ehlo_replies == {}
     assert s.ehlo_replies
+
+
+@pytest.mark.parametrize(
+    ("main_cf", "limit", "syncfs"),
+    [
+        ("", DEFAULT_DIRTY_LIMIT, None),  # the default: depends on this machine's dirty cache
+        ("queue_syncfs_dirty_limit = 0\n", 0, False),
+        (f"queue_syncfs_dirty_limit = {1 << 62}\n", 1 << 62, SYNCFS_HERE),
+    ],
+)
+async def test_queue_syncfs_dirty_limit_reaches_the_listeners_group_commit(
+    tmp_path: Path, main_cf: str, limit: int, syncfs: bool | None
+) -> None:
+    """main.cf's queue_syncfs_dirty_limit decides how the listener's commits are made durable:
+    0 = an fsync per file (syncfs never), out of reach = one syncfs per batch (where the
+    kernel reports syncfs's write errors)."""
+    settings = dataclasses.replace(_settings(tmp_path, main_cf), listen=(("127.0.0.1", 0),))
+    assert settings.syncfs_dirty_limit == limit
+    async with listening(tmp_path, settings, fsync=True) as server:
+        chat = await server.chat()
+        for line in ("EHLO c.test", "MAIL FROM:<s@c.test>", "RCPT TO:<r@far.test>", "DATA"):
+            assert (await chat.cmd(line))[0] in "23"
+        assert (await chat.cmd("Subject: s\r\n\r\nbody\r\n.")).startswith("250 ")
+        sync = server.handle.committer.batch_sync
+        counts = sync.syncfs_batches, sync.fsync_batches
+        assert len(server.ids()) == 1
+    assert sum(counts) == 1
+    if syncfs is not None:
+        assert counts == ((1, 0) if syncfs else (0, 1))

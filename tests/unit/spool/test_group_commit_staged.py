@@ -72,7 +72,7 @@ async def test_writes_on_the_loop_one_hop_for_fsyncs_and_links_in_commit_order(
     monkeypatch.setattr(os, "link", link)
     monkeypatch.setattr(os, "writev", writev)
     runner = ThreadRunner()
-    committer = GroupCommitter(spool, pool=runner)
+    committer = GroupCommitter(spool, pool=runner, syncfs_dirty_limit=0)
     writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
     ids = await asyncio.gather(*(committer.commit_writer(w) for w in writers))
     await committer.close()
@@ -111,7 +111,7 @@ async def test_a_failed_file_fsync_fails_only_its_message_and_leaves_nothing(
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(QueueFileWriter, "finish", finish)
-    committer = GroupCommitter(spool, pool=ThreadRunner())
+    committer = GroupCommitter(spool, pool=ThreadRunner(), syncfs_dirty_limit=0)
     good = _writer(spool, b"good\n")
     results = await asyncio.gather(
         committer.commit_writer(bad), committer.commit_writer(good), return_exceptions=True
@@ -205,7 +205,7 @@ async def test_the_hop_makes_only_fsyncs_and_links_the_loop_closes_and_unlinks(
 
     for name in ("fsync", "link", "unlink", "close", "open"):
         spy(name)
-    committer = GroupCommitter(spool, pool=ThreadRunner())
+    committer = GroupCommitter(spool, pool=ThreadRunner(), syncfs_dirty_limit=0)
     first = await committer.commit_writer(_writer(spool, b"one\n"))
     second = await committer.commit_writer(_writer(spool, b"two\n"))
     in_thread = [name for name, on_loop in calls if not on_loop]

@@ -1,0 +1,212 @@
+"""One syncfs per commit batch while little is dirty, an fsync per file otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from qmgrd.config.params import PARAMS
+from qmgrd.errors import SpoolError
+from qmgrd.spool import QueueFile, RecipientSpec, Spool
+from qmgrd.spool.batchsync import DEFAULT_DIRTY_LIMIT, BatchSync, syncfs_reports_errors
+from qmgrd.spool.commit import GroupCommitter, commit_writers
+from qmgrd.spool.writer import EnvelopeHead, QueueFileWriter
+
+HEAD = EnvelopeHead(sender="s@x.test", arrival_time=1_000_000_000.0)
+NEW_KERNEL = ("Linux", "6.1.0-13-amd64")
+HERE = os.uname()
+SYNCFS_HERE = syncfs_reports_errors(HERE.sysname, HERE.release)
+EVERYTHING = 1 << 62  # a limit no machine's dirty page cache reaches
+
+
+def _meminfo(path: Path, dirty_kb: int, writeback_kb: int = 0) -> str:
+    path.write_text(
+        "MemTotal:       24683356 kB\nMemFree:        23072936 kB\n"
+        f"Dirty:          {dirty_kb:>8} kB\nWriteback:      {writeback_kb:>8} kB\n"
+        "AnonPages:        301636 kB\n"
+    )
+    return str(path)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Spool:
+    s = Spool(tmp_path / "spool")
+    s.ensure_dirs()
+    return s
+
+
+def _writer(spool: Spool, body: bytes) -> QueueFileWriter:
+    writer = QueueFileWriter(spool, HEAD)
+    writer.add_recipient(RecipientSpec("r@y.test"))
+    writer.begin_content()
+    writer.add_content(body)
+    return writer
+
+
+@pytest.mark.parametrize(
+    ("sysname", "release", "reports"),
+    [
+        ("Linux", "5.8.0", True),
+        ("Linux", "6.18.44-fc-v769", True),
+        ("Linux", "5.10.0-28-amd64", True),
+        ("Linux", "5.7.19", False),
+        ("Linux", "4.19.0-26-amd64", False),
+        ("Linux", "weird", False),
+        ("Darwin", "23.1.0", False),
+    ],
+)
+def test_syncfs_only_where_the_kernel_reports_write_back_errors(
+    sysname: str, release: str, reports: bool
+) -> None:
+    assert syncfs_reports_errors(sysname, release) is reports
+
+
+def test_the_parameter_default_is_the_committers(tmp_path: Path) -> None:
+    assert int(PARAMS["queue_syncfs_dirty_limit"].default) == DEFAULT_DIRTY_LIMIT
+
+
+@pytest.mark.parametrize(
+    ("dirty_kb", "writeback_kb", "limit", "whole_fs"),
+    [
+        (100, 0, 1 << 20, True),
+        (1024, 0, 1 << 20, True),  # exactly the limit
+        (1000, 25, 1 << 20, False),  # Dirty + Writeback above it
+        (1025, 0, 1 << 20, False),
+        (0, 0, 0, False),  # 0: always an fsync per file
+    ],
+)
+def test_the_dirty_page_cache_decides_each_batch(
+    tmp_path: Path, dirty_kb: int, writeback_kb: int, limit: int, whole_fs: bool
+) -> None:
+    meminfo = _meminfo(tmp_path / "meminfo", dirty_kb, writeback_kb)
+    sync = BatchSync(str(tmp_path), limit, meminfo=meminfo, uname=NEW_KERNEL)
+    try:
+        assert sync.whole_fs() is whole_fs
+        assert (sync.syncfs_batches, sync.fsync_batches) == ((1, 0) if whole_fs else (0, 1))
+    finally:
+        sync.close()
+
+
+def test_the_gauge_is_read_again_for_every_batch(tmp_path: Path) -> None:
+    path = tmp_path / "meminfo"
+    sync = BatchSync(str(tmp_path), 1 << 20, meminfo=_meminfo(path, 10), uname=NEW_KERNEL)
+    try:
+        assert sync.whole_fs()
+        _meminfo(path, 900_000)  # someone dirtied 900 MB meanwhile
+        assert not sync.whole_fs()
+        _meminfo(path, 12)
+        assert sync.whole_fs()
+        assert (sync.syncfs_batches, sync.fsync_batches) == (2, 1)
+    finally:
+        sync.close()
+
+
+@pytest.mark.parametrize(
+    "how", ["old kernel", "no meminfo", "meminfo without Dirty", "not a directory"]
+)
+def test_anything_unknown_means_an_fsync_per_file(tmp_path: Path, how: str) -> None:
+    meminfo = _meminfo(tmp_path / "meminfo", 10)
+    uname, root = NEW_KERNEL, str(tmp_path)
+    if how == "old kernel":
+        uname = ("Linux", "5.4.0-150-generic")
+    elif how == "no meminfo":
+        meminfo = str(tmp_path / "absent")
+    elif how == "meminfo without Dirty":
+        Path(meminfo).write_text("MemTotal: 1 kB\nWriteback: 0 kB\n")
+    else:
+        root = meminfo  # the spool's root cannot be opened as a directory
+    sync = BatchSync(root, EVERYTHING, meminfo=meminfo, uname=uname)
+    try:
+        assert not sync.whole_fs()
+        with pytest.raises(OSError):
+            sync.sync()
+    finally:
+        sync.close()
+
+
+@pytest.mark.skipif(not SYNCFS_HERE, reason="syncfs does not report errors on this kernel")
+async def test_a_batch_is_one_syncfs_then_the_links_then_one_directory_fsync(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the limit out of reach: no file fsync at all, one syncfs before the links."""
+    loop_thread = threading.get_ident()
+    events: list[tuple[str, bool]] = []  # (what, on the loop thread)
+    real_fsync, real_link, real_sync = os.fsync, os.link, BatchSync.sync
+
+    def fsync(fd: int) -> None:
+        what = "dir fsync" if os.path.isdir(f"/proc/self/fd/{fd}") else "file fsync"
+        events.append((what, threading.get_ident() == loop_thread))
+        real_fsync(fd)
+
+    def link(src: str, dst: str) -> None:
+        events.append(("link", threading.get_ident() == loop_thread))
+        real_link(src, dst)
+
+    def syncfs(self: BatchSync) -> None:
+        events.append(("syncfs", threading.get_ident() == loop_thread))
+        real_sync(self)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(BatchSync, "sync", syncfs)
+    committer = GroupCommitter(spool, syncfs_dirty_limit=EVERYTHING)
+    writers = [_writer(spool, b"body %d\n" % i) for i in range(5)]
+    ids = await asyncio.gather(*(committer.commit_writer(w) for w in writers))
+    counts = committer.batch_sync.syncfs_batches, committer.batch_sync.fsync_batches
+    await committer.close()
+
+    assert counts == (1, 0)
+    assert [what for what, _ in events] == ["syncfs"] + ["link"] * 5 + ["dir fsync"]
+    assert not any(on_loop for _, on_loop in events)  # all of it in the commit thread
+    assert set(ids) == set(spool.list_ids("incoming"))
+    for qid in ids:
+        assert QueueFile.open(spool.path("incoming", qid)).content_size == len(b"body 0\n")
+
+
+async def test_with_the_limit_zero_every_file_is_fsynced(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+    real_sync = BatchSync.sync
+
+    def syncfs(self: BatchSync) -> None:
+        calls.append("syncfs")
+        real_sync(self)
+
+    monkeypatch.setattr(BatchSync, "sync", syncfs)
+    committer = GroupCommitter(spool, syncfs_dirty_limit=0)
+    ids = await asyncio.gather(*(committer.commit_writer(_writer(spool, b"x\n")) for _ in range(3)))
+    counts = committer.batch_sync.syncfs_batches, committer.batch_sync.fsync_batches
+    await committer.close()
+    assert calls == [] and counts[0] == 0 and counts[1] >= 1
+    assert set(ids) == set(spool.list_ids("incoming"))
+
+
+class _FailingSync(BatchSync):
+    """A syncfs that reports a write-back error (EIO), as the kernel does after a failed write."""
+
+    def sync(self) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_a_failed_syncfs_fails_and_removes_every_file_of_the_batch(spool: Spool) -> None:
+    writers = [_writer(spool, b"body %d\n" % i) for i in range(3)]
+    for writer in writers:
+        writer.finish()
+    failing = _FailingSync(str(spool.root), EVERYTHING)
+    try:
+        results = commit_writers(spool, writers, keep_open=True, batch_sync=failing)
+    finally:
+        failing.close()
+        for writer in writers:
+            writer.release()
+    assert all(isinstance(r, SpoolError) for r in results) and len(results) == 3
+    assert "Input/output error" in str(results[0])
+    assert os.listdir(spool.root / "incoming") == []
+    leftovers = [p for p in spool.root.rglob("*") if p.is_file() and p.stat().st_size > 0]
+    assert leftovers == []  # no temporary file of the batch stays behind
