@@ -1,4 +1,4 @@
-"""fsync or fdatasync for a queue file: CPU and wall time per call, as the writer uses them.
+"""fsync, fdatasync or a batch's syncfs for a queue file: CPU and wall time per file.
 
     .venv/bin/python bench/syncmicro.py                    # 1500 calls per variant, 3 rounds
     .venv/bin/python bench/syncmicro.py -n 3000 --same-size --dir /var/tmp
@@ -10,12 +10,16 @@ around 1 KB (the standard 1 KB message), so the size changes at almost every
 call, as it does in the relay; with ``--same-size`` every rewrite keeps the
 file's length (only the data and the timestamps change). Prints this
 process's CPU (user + system, ``getrusage``) and wall time per call for each
-variant, alternated; never asserts anything.
+variant, alternated; never asserts anything. The third variant is the group
+commit's other way (``qmgrd.spool.batchsync``): ``--batch`` files rewritten,
+then one ``syncfs`` of their file system for all of them (default 8; the
+relay's batches under the standard benchmark hold 3-4).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import resource
 import shutil
@@ -26,7 +30,9 @@ from collections.abc import Callable
 FILES = 64
 
 
-def _round(directory: str, sync: Callable[[int], None], calls: int, same_size: bool) -> str:
+def _round(
+    directory: str, sync: Callable[[int], None], calls: int, same_size: bool, batch: int = 1
+) -> str:
     paths = [f"{directory}/f{i}" for i in range(FILES)]
     for path in paths:
         with open(path, "wb") as f:
@@ -42,7 +48,8 @@ def _round(directory: str, sync: Callable[[int], None], calls: int, same_size: b
         try:
             os.pwrite(fd, data[:length], 0)
             os.ftruncate(fd, length)
-            sync(fd)
+            if (i + 1) % batch == 0 or i + 1 == calls:
+                sync(fd)  # batch 1: every file; else one syncfs for the batch's files
         finally:
             os.close(fd)
     wall = time.perf_counter() - start
@@ -61,12 +68,19 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--same-size", action="store_true", help="every rewrite keeps the length")
     parser.add_argument("--dir", default=None, help="where the files live (default: TMPDIR)")
+    parser.add_argument("--batch", type=int, default=8, help="files per syncfs (the third way)")
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="syncmicro-", dir=args.dir)
+    syncfs = ctypes.CDLL(None, use_errno=True).syncfs
+    variants: list[tuple[str, Callable[[int], None], int]] = [
+        ("fsync", os.fsync, 1),
+        ("fdatasync", os.fdatasync, 1),
+        (f"syncfs/{args.batch}", syncfs, max(1, args.batch)),
+    ]
     try:
         for r in range(1, args.rounds + 1):
-            for name, sync in (("fsync", os.fsync), ("fdatasync", os.fdatasync)):
-                line = _round(directory, sync, args.n, args.same_size)
+            for name, sync, batch in variants:
+                line = _round(directory, sync, args.n, args.same_size, batch)
                 print(f"round={r} {name:<9} {line}", flush=True)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

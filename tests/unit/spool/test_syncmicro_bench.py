@@ -23,8 +23,10 @@ def test_prints_both_variants_and_leaves_nothing(tmp_path: Path) -> None:
     assert heads == [
         ["round=1", "fsync"],
         ["round=1", "fdatasync"],
+        ["round=1", "syncfs/8"],
         ["round=2", "fsync"],
         ["round=2", "fdatasync"],
+        ["round=2", "syncfs/8"],
     ]
     assert all("us/call" in line for line in proc.stdout.splitlines())
     assert list(tmp_path.iterdir()) == []
