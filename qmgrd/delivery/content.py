@@ -18,7 +18,11 @@ part of a CRLF and nothing needs changing. Both are ``bytes.replace`` of one
 byte, which CPython does with ``memchr`` from one line end to the next (and a
 ``memcpy`` of each line), then one ``memcmp``: 3.6 instructions per byte of
 80-byte lines against 12.5 for the former check (the lines joined by CRLF,
-``bytes.splitlines``: an object per line). A chunk without any CR
+``bytes.splitlines``: an object per line; ``bench/contentpath.py``'s 100 KB
+feed 85 -> 36 us). Counting CR, LF and CRLF or deleting all but CR and LF
+(``translate``) cost more than the former check (a byte-by-byte loop, and
+CRLF's ``find`` is not a ``memchr``); replacing LF by CRLF and CR by CRCR and
+comparing, or deleting LF first, cost the same. A chunk without any CR
 (LF line ends) is normalized by the second replace alone; only a mix goes to
 the regex (a substitution per line). The dot-stuffing is one
 ``bytes.replace`` over the whole chunk, done only when the chunk may need it: a
