@@ -3,9 +3,13 @@
     .venv/bin/python bench/intakepath.py                    # 1 KB and 100 KB, 2000 messages each
     .venv/bin/python bench/intakepath.py --sizes 100 -m 500 --dir /dev/shm
     .venv/bin/python bench/intakepath.py --remove unlink   # delivered files deleted, not pooled
+    .venv/bin/python bench/intakepath.py --body xlines     # smtp-source -l's body (no dots)
 
 Each message is one scripted session (EHLO, MAIL, RCPT, DATA with headers as
-smtp-source sends them and a body in 64 KiB reads, QUIT) through the real
+smtp-source sends them and a body in 64 KiB reads, QUIT; the body is ``text``,
+smtp-source's "La de da de da 1." lines without ``-l``, a dot every 18 bytes, or
+``xlines``, what ``smtp-source -l SIZE`` sends: 80-byte lines of a digit and
+"X"s, no dot) through the real
 ``Session``, ``Channel``, cleanup, queue-file writer and group commit (fsync
 on), with the daemon's settings for a bench main.cf, on uvloop, 20 sessions
 at a time. The client is a ``Channel`` whose every reply write delivers the
@@ -53,17 +57,23 @@ READ = 65536
 _LINE = b"La de da de da 1. La de da de da 2. La de da de da 3. La de da de da 4.\r\n"
 
 
-def script(size: int) -> list[bytes]:
+def script(size: int, body_shape: str = "text") -> list[bytes]:
     """What the client sends, one piece per reply it waits for (the body in reads)."""
     head = (
         b"From: <a@src.bench>\r\nTo: <to@dst.bench>\r\n"
         b"Date: Thu, 26 Nov 2026 07:00:00 +0000\r\nMessage-Id: <1.2.3@src.bench>\r\n\r\n"
     )
-    body = (_LINE * (size // len(_LINE) + 1))[:size]
+    body = (_LINE * (size // len(_LINE) + 1))[:size] if body_shape == "text" else _xlines(size)
     message = head + body + (b"" if body.endswith(b"\r\n") else b"\r\n") + b".\r\n"
     data = [message[i : i + READ] for i in range(0, len(message), READ)]
     mail = [b"MAIL FROM:<a@src.bench>\r\n", b"RCPT TO:<to@dst.bench>\r\n"]
     return [b"EHLO src.bench\r\n", *mail, b"DATA\r\n", *data, b"QUIT\r\n"]
+
+
+def _xlines(size: int) -> bytes:
+    """smtp-source -l's body: 80-byte lines of a digit and "X"s, no dot anywhere."""
+    lines = [b"%d" % (i % 10) + b"X" * 77 + b"\r\n" for i in range(1, size // 80 + 2)]
+    return b"".join(lines)[:size]
 
 
 class ScriptedClient(Channel):
@@ -108,7 +118,7 @@ class Remover:
 
 
 async def run_size(
-    settings: ListenerSettings, spool: Spool, size: int, count: int, remove: str
+    settings: ListenerSettings, spool: Spool, size: int, count: int, remove: str, body: str
 ) -> float:
     """CPU seconds per message for ``count`` sessions of a ``size``-byte message."""
     committer = GroupCommitter(spool)
@@ -121,7 +131,7 @@ async def run_size(
         passwords=PasswordChecker(),
         recycler=Recycler(str(spool.root)),
     )
-    pieces = script(size)
+    pieces = script(size, body)
 
     async def one() -> None:
         await Session(ScriptedClient(pieces), settings, ctx, "127.0.0.1").run()
@@ -148,6 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="recycle",
         help="what becomes of a committed message LAG commits later (module doc)",
     )
+    parser.add_argument(
+        "--body",
+        choices=("text", "xlines"),
+        default="text",
+        help='text: "La de da" lines (a dot every 18 bytes); xlines: smtp-source -l\'s (no dot)',
+    )
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="intakepath-", dir=args.dir))
     try:
@@ -169,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 before = len(spool.list_ids("incoming"))
                 with asyncio.Runner(loop_factory=loop_factory()) as runner:
                     per = runner.run(
-                        run_size(settings, spool, size_kb * 1024, args.m, args.remove)
+                        run_size(settings, spool, size_kb * 1024, args.m, args.remove, args.body)
                     )
                 queued = len(spool.list_ids("incoming")) - before
                 print(

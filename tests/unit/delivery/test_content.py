@@ -14,10 +14,12 @@ from hypothesis import strategies as st
 from qmgrd.delivery.agent import ContentSource, DeliveryRequest, Recipient
 from qmgrd.delivery.client import Reply
 from qmgrd.delivery.content import (
+    _LINE_ENDINGS,
     DOT_WALK,
     BytesContent,
     DataEncoder,
     _crlf_only,
+    _normalized_if_simple,
     encode_data,
 )
 from qmgrd.delivery.mx import Endpoint
@@ -75,6 +77,10 @@ def test_dot_after_chunk_boundary_is_stuffed() -> None:
         (b"a\r\nb\n\rc\r\n", b"a\r\nb\r\n\r\nc\r\n"),  # one pair out of order
         (b"a\rb\nc", b"a\r\nb\r\nc"),  # a lone CR and a lone LF
         (b"no line end", b"no line end"),
+        (b"a\nb\n", b"a\r\nb\r\n"),  # LF only: the no-CR normalization (one replace)
+        (b"\n\n.x\n", b"\r\n\r\n..x\r\n"),  # ... then dot-stuffed like any other
+        (b"a\r\nb\nc", b"a\r\nb\r\nc"),  # CRs and a bare LF: the regex
+        (b"a\rb\r\n", b"a\r\nb\r\n"),  # a lone CR among CRLFs: the regex
     ],
 )
 def test_line_ends_are_checked_before_the_crlf_fast_path(chunk: bytes, wire: bytes) -> None:
@@ -99,10 +105,22 @@ def _counted_crlf_only(data: bytes) -> bool:
 
 @given(st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"a", b"\x0b", b"\x0c", b"\x1c", b"\x85"])))
 def test_crlf_only_agrees_with_counting(parts: list[bytes]) -> None:
-    """The splitlines check says "CRLF only" exactly when the counts do (CR, LF, the
-    breaks str.splitlines knows but bytes.splitlines does not)."""
+    """The replace check says "CRLF only" exactly when the counts do (CR, LF, and the
+    breaks str.splitlines knows but bytes.splitlines does not, which are no line ends)."""
     data = b"".join(parts)
     assert _crlf_only(data) == _counted_crlf_only(data)
+
+
+@given(st.lists(st.sampled_from([b"\r", b"\n", b"\r\n", b"a", b"."])))
+def test_simple_normalization_equals_the_regex(parts: list[bytes]) -> None:
+    """The replace-based fast paths give the regex's bytes or decline (None), never others:
+    the chunk itself exactly when it is CRLF only, the LF-only normalization when it has no CR."""
+    data = b"".join(parts)
+    normal = _normalized_if_simple(data)
+    if normal is not None:
+        assert normal == _LINE_ENDINGS.sub(b"\r\n", data)
+    assert (normal is data) == _counted_crlf_only(data)
+    assert (normal is None) == (b"\r" in data and not _counted_crlf_only(data))
 
 
 _LINES = st.lists(

@@ -19,6 +19,9 @@ def test_script_ends_with_the_end_marker_after_a_line_end() -> None:
         pieces = script(size)
         message = b"".join(pieces[4:-1])
         assert message.endswith(b"\r\n.\r\n") and pieces[-1] == b"QUIT\r\n"
+        xlines = b"".join(script(size, "xlines")[4:-1])
+        assert xlines.endswith(b"\r\n.\r\n") and len(xlines) - len(message) in (-2, 0, 2)
+        assert xlines.count(b".") == message[: message.index(b"\r\n\r\n")].count(b".") + 1
 
 
 def test_every_scripted_message_is_queued(tmp_path: Path) -> None:
