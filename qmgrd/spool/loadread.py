@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from qmgrd.spool.recformat import _setters
 from qmgrd.spool.records import (
     _HAS_ORCPT,
     _NOTIFY_BITS,
@@ -66,7 +67,7 @@ __all__ = ["LoadedFile", "load_queue_file"]
 _WHOLE = 256 * 1024  # a file this small (or up to ``keep``) is read with one pread
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class LoadedFile:
     """What one read of a queue file gives the load (see the module doc)."""
 
@@ -75,6 +76,28 @@ class LoadedFile:
     recipients: list[RecipientRecord] | Exception  # the first read's records, or its failure
     next_offset: int  # where the next read resumes (0: all read; 0 after a failure)
     content: bytes | None  # the content when at most ``keep`` bytes
+
+    def __init__(
+        self,
+        qf: QueueFile,
+        mode: int,
+        recipients: list[RecipientRecord] | Exception,
+        next_offset: int,
+        content: bytes | None,
+    ) -> None:
+        """The fields, in order, each slot set directly: one is built per load, and the
+        generated ``__init__`` of a frozen dataclass pays an ``object.__setattr__`` per
+        field (``recformat._setters``). Still frozen, with the generated ``==``/``hash``."""
+        _L_QF(self, qf)
+        _L_MODE(self, mode)
+        _L_RECIPIENTS(self, recipients)
+        _L_NEXT_OFFSET(self, next_offset)
+        _L_CONTENT(self, content)
+
+
+_L_QF, _L_MODE, _L_RECIPIENTS, _L_NEXT_OFFSET, _L_CONTENT = _setters(
+    LoadedFile, "qf mode recipients next_offset content"
+)
 
 
 # The NOTIFY keywords of a recipient's flags byte (bits 0-3), as _decode_recipient builds them.
