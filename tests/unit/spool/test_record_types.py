@@ -73,3 +73,24 @@ def test_recipient_spec_refuses_bad_notify(notify: frozenset[str]) -> None:
         RecipientSpec("a@b.example", notify=notify)
     with pytest.raises(InvariantError):
         dataclasses.replace(RecipientSpec("a@b.example"), notify=notify)
+
+
+def test_the_load_builds_the_queue_file_itself() -> None:
+    """``_envelope``'s mutable twin has QueueFile's fields and becomes a real, frozen one."""
+    from qmgrd.spool import loadread
+    from qmgrd.spool.recformat import Envelope, encode_queue_file
+
+    twin_fields = [f.name for f in dataclasses.fields(loadread._QueueFileTwin)]
+    assert twin_fields == [f.name for f in dataclasses.fields(QueueFile)]
+    env = Envelope(
+        "s@x", (RecipientSpec("a@b.example"),), 1.5, envid="E1", ret="HDRS", warn_time=99
+    )
+    head, tail = encode_queue_file(env, 3)
+    data = head + b"x\r\n" + tail
+    qf = loadread._envelope(data, Path("/q/ABC"))
+    assert qf is not None and type(qf) is QueueFile
+    args = [getattr(qf, name) for name in twin_fields]
+    assert qf == QueueFile(*args) and hash(qf) == hash(QueueFile(*args))
+    assert repr(qf) == repr(QueueFile(*args))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        qf.sender = "other"  # type: ignore[misc]
