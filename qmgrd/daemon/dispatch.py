@@ -109,19 +109,19 @@ class Dispatcher:
         # --- end cluster ---
         recipients = tuple([_agent_recipient(r) for r in entry.recipients])
         content = self.reads.content(msg)  # released when the agent is done with it
-        request = DeliveryRequest(
-            queue_id=msg.queue_id,
-            transport=entry.transport,
-            nexthop=entry.nexthop,
-            sender=qf.sender,
-            recipients=recipients,
-            content=content,
-            smtputf8=qf.smtputf8,
-            body_8bitmime=qf.body == "8BITMIME",
-            envid=qf.envid,
-            ret=qf.ret,
-            cache_load=entry.cache_load,
-            cache_store=entry.cache_store,
+        request = DeliveryRequest(  # positional, in field order: 12 keywords cost ~40 % more
+            msg.queue_id,
+            entry.transport,
+            entry.nexthop,
+            qf.sender,
+            recipients,
+            content,
+            qf.smtputf8,  # smtputf8
+            qf.body == "8BITMIME",  # body_8bitmime
+            qf.envid,  # envid
+            qf.ret,  # ret
+            entry.cache_load,  # cache_load
+            entry.cache_store,  # cache_store
         )
         crashed = False
         try:

@@ -185,26 +185,19 @@ class Recorder:
         text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
         transport = entry.transport
         queue_id = msg.queue_id
-        info = ctx.smtp_log.info  # a LineLog (EngineContext): the direct log path
+        # A LineLog (EngineContext): info(status, queue_id=, to=, relay=, transport=, delay=,
+        # delays=, dsn=, status=, reply=) without the keywords (qmgrd.log.lines)
+        outcome = ctx.smtp_log.outcome
         # (status, dsn) -> recipients: the counters and metrics take a delivery's outcomes
         # in one call per kind (most deliveries have one: every recipient sent, 2.0.0)
         kinds: dict[tuple[str, str], int] = {}
         for r in result.recipients:
             status = r.outcome.value
-            kind = (status, r.dsn)
+            dsn = r.dsn
+            kind = (status, dsn)
             kinds[kind] = kinds.get(kind, 0) + 1
-            info(
-                status,
-                queue_id=queue_id,
-                to=f"<{r.recipient.address}>",
-                relay=r.relay,
-                transport=transport,
-                delay=delay,
-                delays=text,
-                dsn=r.dsn,
-                status=status,
-                reply=r.reply,
-            )
+            to = f"<{r.recipient.address}>"
+            outcome(status, queue_id, to, r.relay, transport, delay, text, dsn, status, r.reply)
         stats = ctx.stats
         for (status, _dsn), count in kinds.items():
             if status == "sent":

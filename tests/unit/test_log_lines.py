@@ -260,6 +260,64 @@ def test_the_hot_lines_match_the_structlog_path(
         _both(target, "qmgr", "removed", {"queue_id": qid})
 
 
+OUTCOME_NAMES = (
+    "queue_id", "to", "relay", "transport", "delay", "delays", "dsn", "status", "reply"
+)
+OUTCOME_FIELDS = st.fixed_dictionaries({name: VALUES for name in OUTCOME_NAMES})
+
+
+def _outcome_args(fields: dict[str, Any]) -> tuple[Any, ...]:
+    """``LineLog.outcome``'s positional arguments for the recipient line ``fields``."""
+    return tuple(fields[name] for name in OUTCOME_NAMES)
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+@pytest.mark.parametrize("log_format", ["postfix", "json"])
+def test_outcome_writes_what_info_writes(
+    tmp_path: Path, log_format: LogFormat, destination: str
+) -> None:
+    """``outcome(event, *values)`` gives the bytes of ``info(event, **fields)`` (and so of
+    structlog's path), for any values: None, unprintable, numbers."""
+    with Target(tmp_path, log_format, destination) as target:
+        lines = LineLog(get_logger("smtp"))
+        for status in ("sent", "deferred", "bounced"):
+            fields = _sent_fields(status=status)
+            lines.info(status, **fields)
+            expected = target.take()
+            lines.outcome(status, *_outcome_args(fields))
+            assert target.take() == expected and expected
+
+        @EXAMPLES
+        @given(event=EVENTS, fields=OUTCOME_FIELDS)
+        def check(event: str, fields: dict[str, Any]) -> None:
+            fields = dict(zip(OUTCOME_NAMES, _outcome_args(fields), strict=True))  # call order
+            lines.info(event, **fields)
+            expected = target.take()
+            lines.outcome(event, *_outcome_args(fields))
+            assert target.take() == expected
+
+        check()
+
+
+def test_outcome_is_captured_as_info_is(tmp_path: Path) -> None:
+    """Under watch_logs ``outcome`` hands the capture info's event, keys in the same order."""
+    Target(tmp_path, "postfix", "stream")
+    lines = LineLog(get_logger("smtp"))
+    with watch_logs() as logs:
+        lines.outcome("sent", *_outcome_args(_sent_fields()))
+        lines.info("sent", **_sent_fields())
+    assert logs[0] == logs[1]
+    assert list(logs[0]) == list(logs[1])
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Fake:
+        def info(self, event: str, **fields: Any) -> None:
+            seen.append((event, fields))
+
+    LineLog(Fake()).outcome("sent", *_outcome_args(_sent_fields()))
+    assert seen == [("sent", _sent_fields())]
+
+
 def test_the_recipient_line_has_postfix_order(tmp_path: Path) -> None:
     """The direct path's status=sent line is Postfix's shape, transport left out."""
     target = Target(tmp_path, "postfix", "stream")
