@@ -183,7 +183,7 @@ class Recorder:
         since_arrival = now - msg.qf.arrival_time
         delay = fmt_delay(since_arrival)
         text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
-        transport = entry.transport
+        transport = entry.queue.transport.name  # entry.transport, without the property call
         queue_id = msg.queue_id
         # A LineLog (EngineContext): info(status, queue_id=, to=, relay=, transport=, delay=,
         # delays=, dsn=, status=, reply=) without the keywords (qmgrd.log.lines)
