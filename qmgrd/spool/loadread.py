@@ -251,6 +251,9 @@ def _recipients(
         length = data[pos + 1]
         if length < 0x80:
             start = pos + 2
+        elif pos + 2 < size and data[pos + 2] < 0x80:  # _header of a two-byte length, inlined
+            length = length & 0x7F | data[pos + 2] << 7  # (the content record of 128 B-16 KiB)
+            start = pos + 3
         else:
             header = _header(data, pos)
             if header is None:
