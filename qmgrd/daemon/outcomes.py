@@ -243,9 +243,12 @@ def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
     )
 
 
+_ZERO_BELOW = 0.005  # a delay that rounds to 0.00 is written "0"
+
+
 def fmt_delay(seconds: float) -> str:
     """Postfix's delay formatting: two significant decimals, no trailing zeros."""
-    if not seconds >= 0.005:  # rounds to 0.00 (most set-up and transmission times of a reuse)
+    if not seconds >= _ZERO_BELOW:  # (most set-up and transmission times of a reuse)
         return "0"
     if seconds >= 10:
         return f"{seconds:.0f}"
@@ -261,7 +264,11 @@ def delays(
     """``delays=a/b/c/d``: before active, in active, connection set-up, transmission."""
     before = msg.queued_time - msg.qf.arrival_time
     in_active = started - msg.queued_time
+    # fmt_delay's "0" without the call for the times that round to 0.00 (most set-up and
+    # transmission times of a reused session; NaN too, as there)
     return (
-        f"{fmt_delay(before)}/{fmt_delay(in_active)}/"
-        f"{fmt_delay(conn_setup)}/{fmt_delay(transmission)}"
+        f"{fmt_delay(before) if before >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(in_active) if in_active >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(conn_setup) if conn_setup >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(transmission) if transmission >= _ZERO_BELOW else '0'}"
     )
