@@ -174,9 +174,8 @@ class Resolver:
         # The nexthop somebody wrote down for this route (default_transport's own, or the
         # table's); error/retry use it as DSN text and ignore the relayhost/domain fallback.
         explicit = self._default_nexthop_explicit
-        value = settings.transport_table.lookup(
-            stripped, recipient_delimiter=settings.recipient_delimiter
-        )
+        find = settings.transport_table.find  # TransportTable.lookup, inlined (per recipient)
+        value = None if find is None else find(stripped, settings.recipient_delimiter)
         if value is not None:
             table_transport, _sep, table_nexthop = value.partition(":")
             table_transport, table_nexthop = table_transport.strip(), table_nexthop.strip()
