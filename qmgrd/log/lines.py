@@ -40,8 +40,8 @@ printable, and a line built from raw values is printable exactly when every
 value is, so a line that is not goes through the full renderer. The JSON format
 builds the event dict structlog would (context, fields in call order, event,
 level) and renders it with :func:`qmgrd.log.render.render_json`. The tail (syslog
-prefix, journal fields, where the line goes) is :meth:`LogOutput.finish` and
-:meth:`LogOutput.msg`, shared with structlog's path.
+prefix, journal fields, where the line goes) is :meth:`LogOutput.write_info`: what
+:meth:`LogOutput.finish` and :meth:`LogOutput.msg`, structlog's path, do.
 
 The direct path is taken only while the logger's processor chain is exactly
 ``[LogOutput.render]`` of the output it writes to and the logger's context is
@@ -340,12 +340,7 @@ class _Lines:
                 text = render_json(event_dict, now)
             else:
                 text = postfix_message(event_dict)
-        result = output.finish(text, self._component, "info", fields.get("queue_id"), now)
-        if isinstance(result, str):
-            output.msg(result)
-        else:
-            args, meta = result
-            output.msg(*args, **meta)
+        output.write_info(text, self._component, fields.get("queue_id"), now)
 
     def outcome(
         self, event: str, queue_id: object, to: object, relay: object, transport: object,
@@ -364,13 +359,7 @@ class _Lines:
             if output is not None and output.log_format != "json":
                 text = _outcome_text(queue_id, to, relay, delay, delays, dsn, status, reply)
                 if text is not None:
-                    now = output.clock()
-                    result = output.finish(text, self._component, "info", queue_id, now)
-                    if isinstance(result, str):
-                        output.msg(result)
-                    else:
-                        args, meta = result
-                        output.msg(*args, **meta)
+                    output.write_info(text, self._component, queue_id, output.clock())
                     return
         self.info(
             event, queue_id=queue_id, to=to, relay=relay, transport=transport, delay=delay,

@@ -407,3 +407,38 @@ def test_other_methods_are_the_loggers_and_wrapping_twice_is_once(tmp_path: Path
     lines.warning("corrupt queue file", queue_id="4F1", reason="bad record")
     lines.info("removed", queue_id="4F1")
     assert target.take() == (b"warning: 4F1: corrupt queue file, reason=bad record\n4F1: removed\n")
+
+
+def test_file_lines_across_seconds_and_after_close_match_the_structlog_path(
+    tmp_path: Path,
+) -> None:
+    """A maillog_file line gets this second's prefix on both paths (the direct one keeps it
+    per second), and once the file is closed both paths write to the stream."""
+    now = [T0]
+    stream = io.StringIO()
+    path = tmp_path / "maillog"
+    output = configure_logging(
+        "postfix", stream, maillog_file=path, hostname="mx", clock=lambda: now[0]
+    )
+    log = get_logger("qmgr")
+    lines = LineLog(log)
+    for step in (0.0, 0.5, 1.0, 1.25, 60.0):
+        now[0] = T0 + step
+        log.info("removed", queue_id="4F1")
+        lines.info("removed", queue_id="4F1")
+        lines.outcome("sent", *_outcome_args(_sent_fields()))
+        log.info("sent", **_sent_fields())
+    output.flush_pending()
+    written = path.read_text().splitlines()
+    assert len(written) == 20
+    for i in range(0, 20, 4):
+        assert written[i] == written[i + 1] and written[i + 2] == written[i + 3]
+    output.close()
+    log.info("removed", queue_id="4F2")
+    lines.info("removed", queue_id="4F2")
+    lines.outcome("sent", *_outcome_args(_sent_fields()))
+    log.info("sent", **_sent_fields())
+    after = stream.getvalue().splitlines()
+    assert len(after) == 4
+    assert after[0] == after[1] and after[0].endswith(": 4F2: removed")
+    assert after[2] == after[3] and ": 4F9D3C2A1B0E7D6: to=<a@example.com>, " in after[3]
