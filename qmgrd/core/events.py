@@ -37,11 +37,18 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class MessageDone:
     """The message is finished in core: no live entries, nothing left to read."""
 
     message: Message
+
+    def __init__(self, message: Message) -> None:
+        """The slot set directly (one per message; ``qmgrd.core.message._setters``)."""
+        _MD_MESSAGE(self, message)
+
+
+_MD_MESSAGE = MessageDone.__dict__["message"].__set__
 
 
 @dataclass(frozen=True, slots=True)

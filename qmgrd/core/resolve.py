@@ -72,7 +72,7 @@ _SPACE_RE = re.compile(r"\s")
 _LITERAL_RE = re.compile(r"^\[[A-Za-z0-9.:\-]+\]$")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Resolved:
     """Where one recipient goes: a master.cf service, its nexthop, and the address itself.
 
@@ -82,6 +82,19 @@ class Resolved:
     transport: str
     nexthop: str
     address: str
+
+    def __init__(self, transport: str, nexthop: str, address: str) -> None:
+        """The fields, in order, each slot set directly: one is built per recipient, and the
+        generated ``__init__`` of a frozen dataclass pays an ``object.__setattr__`` per field
+        (``qmgrd.core.message._setters``). Still frozen, with the generated ``==``/``hash``."""
+        _R_TRANSPORT(self, transport)
+        _R_NEXTHOP(self, nexthop)
+        _R_ADDRESS(self, address)
+
+
+_R_TRANSPORT, _R_NEXTHOP, _R_ADDRESS = (
+    Resolved.__dict__[name].__set__ for name in ("transport", "nexthop", "address")
+)
 
 
 TransportFind = Callable[[str, str], str | None]
@@ -161,9 +174,8 @@ class Resolver:
         # The nexthop somebody wrote down for this route (default_transport's own, or the
         # table's); error/retry use it as DSN text and ignore the relayhost/domain fallback.
         explicit = self._default_nexthop_explicit
-        value = settings.transport_table.lookup(
-            stripped, recipient_delimiter=settings.recipient_delimiter
-        )
+        find = settings.transport_table.find  # TransportTable.lookup, inlined (per recipient)
+        value = None if find is None else find(stripped, settings.recipient_delimiter)
         if value is not None:
             table_transport, _sep, table_nexthop = value.partition(":")
             table_transport, table_nexthop = table_transport.strip(), table_nexthop.strip()

@@ -342,7 +342,11 @@ class Scheduler:
         deferred: dict[tuple[str, str], list[ResolvedRecipient]],
     ) -> None:
         """Bind recipients to transports, queues, jobs, peers and entries (notes §3.4)."""
-        ordered = sorted(recipients, key=lambda r: (r.transport, r.queue_name))
+        ordered = (
+            sorted(recipients, key=lambda r: (r.transport, r.queue_name))
+            if len(recipients) > 1
+            else recipients  # one (most messages): nothing to sort, no key call
+        )
         job = None
         peer: Peer | None = None
         for rcpt in ordered:

@@ -35,7 +35,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from qmgrd.core.entry import Entry
+from qmgrd.core.entry import DFLAG_LOAD, DFLAG_STORE, Entry
 from qmgrd.core.message import ResolvedRecipient
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.outcomes import Recorder
@@ -88,7 +88,7 @@ class Dispatcher:
                 active_of(entry.message).deferred = True  # never "all done" with R left
                 ctx.scheduler.entry_done(entry, crashed=True, now=now, service_time=0.0)
                 continue
-            agent = ctx.agents.get(entry.transport)
+            agent = ctx.agents.get(entry.queue.transport.name)  # entry.transport, inlined
             if agent is None:
                 ctx.scheduler.transport_failed(
                     entry.transport, CRASH_DSN, NO_TRANSPORT_REASON, now, entry=entry
@@ -109,19 +109,23 @@ class Dispatcher:
         # --- end cluster ---
         recipients = tuple([_agent_recipient(r) for r in entry.recipients])
         content = self.reads.content(msg)  # released when the agent is done with it
-        request = DeliveryRequest(
-            queue_id=msg.queue_id,
-            transport=entry.transport,
-            nexthop=entry.nexthop,
-            sender=qf.sender,
-            recipients=recipients,
-            content=content,
-            smtputf8=qf.smtputf8,
-            body_8bitmime=qf.body == "8BITMIME",
-            envid=qf.envid,
-            ret=qf.ret,
-            cache_load=entry.cache_load,
-            cache_store=entry.cache_store,
+        # Entry's properties (transport, nexthop, cache_load, cache_store), inlined: a
+        # property is a Python call each on 3.11.
+        queue = entry.queue
+        dflags = entry.dflags
+        request = DeliveryRequest(  # positional, in field order: 12 keywords cost ~40 % more
+            msg.queue_id,
+            queue.transport.name,  # transport
+            queue.nexthop,  # nexthop
+            qf.sender,
+            recipients,
+            content,
+            qf.smtputf8,  # smtputf8
+            qf.body == "8BITMIME",  # body_8bitmime
+            qf.envid,  # envid
+            qf.ret,  # ret
+            bool(dflags & DFLAG_LOAD),  # cache_load
+            bool(dflags & DFLAG_STORE),  # cache_store
         )
         crashed = False
         try:

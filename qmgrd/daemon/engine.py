@@ -278,6 +278,9 @@ class Engine(EngineControl):
         self.stop()
 
     async def _sleep(self, now: float) -> None:
+        if self._kick.is_set():  # more to do at once: after what else the loop has ready
+            await asyncio.sleep(0)
+            return
         deadlines = [
             d
             for d in (
@@ -289,9 +292,6 @@ class Engine(EngineControl):
             )
             if d is not None
         ]
-        if self._kick.is_set():  # more to do at once: after what else the loop has ready
-            await asyncio.sleep(0)
-            return
         if not deadlines:
             await self._kick.wait()
             return

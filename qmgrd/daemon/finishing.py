@@ -100,6 +100,10 @@ class _Plan:
     next_attempt: float = 0.0
 
 
+# The plan ``retired`` reports (one per message, most messages): ``_report`` only reads it.
+_RETIRED = _Plan(FinishAction.REMOVED)
+
+
 class Finisher:
     """Ends a message's pass (see the module doc)."""
 
@@ -152,7 +156,7 @@ class Finisher:
         msg = record.active
         if msg is None or not msg.retired or record.state is not MessageState.FINISHING:
             raise InvariantError(f"{record.queue_id}: reported retired while {record.state.value}")
-        self._report(record, _Plan(FinishAction.REMOVED), [], self.ctx.clock.now())
+        self._report(record, _RETIRED, [], self.ctx.clock.now())
 
     # ------------------------------------------------------------------ file jobs
 
@@ -312,7 +316,8 @@ class Finisher:
             self.op_done(qid, record.op)
         elif plan.action is FinishAction.REMOVED:
             ctx.stats.messages_removed += 1
-            self._log_notices(qid, notices)
+            if notices:
+                self._log_notices(qid, notices)
             ctx.log.info("removed", queue_id=qid)
         elif plan.action is FinishAction.DEFERRED:
             ctx.stats.messages_deferred += 1

@@ -183,28 +183,21 @@ class Recorder:
         since_arrival = now - msg.qf.arrival_time
         delay = fmt_delay(since_arrival)
         text = delays(msg, started, now, result.conn_setup_time, result.transmission_time)
-        transport = entry.transport
+        transport = entry.queue.transport.name  # entry.transport, without the property call
         queue_id = msg.queue_id
-        info = ctx.smtp_log.info  # a LineLog (EngineContext): the direct log path
+        # A LineLog (EngineContext): info(status, queue_id=, to=, relay=, transport=, delay=,
+        # delays=, dsn=, status=, reply=) without the keywords (qmgrd.log.lines)
+        outcome = ctx.smtp_log.outcome
         # (status, dsn) -> recipients: the counters and metrics take a delivery's outcomes
         # in one call per kind (most deliveries have one: every recipient sent, 2.0.0)
         kinds: dict[tuple[str, str], int] = {}
         for r in result.recipients:
             status = r.outcome.value
-            kind = (status, r.dsn)
+            dsn = r.dsn
+            kind = (status, dsn)
             kinds[kind] = kinds.get(kind, 0) + 1
-            info(
-                status,
-                queue_id=queue_id,
-                to=f"<{r.recipient.address}>",
-                relay=r.relay,
-                transport=transport,
-                delay=delay,
-                delays=text,
-                dsn=r.dsn,
-                status=status,
-                reply=r.reply,
-            )
+            to = f"<{r.recipient.address}>"
+            outcome(status, queue_id, to, r.relay, transport, delay, text, dsn, status, r.reply)
         stats = ctx.stats
         for (status, _dsn), count in kinds.items():
             if status == "sent":
@@ -250,9 +243,12 @@ def reason_record(r: RecipientResult, action: str, now: float) -> ReasonRecord:
     )
 
 
+_ZERO_BELOW = 0.005  # a delay that rounds to 0.00 is written "0"
+
+
 def fmt_delay(seconds: float) -> str:
     """Postfix's delay formatting: two significant decimals, no trailing zeros."""
-    if not seconds >= 0.005:  # rounds to 0.00 (most set-up and transmission times of a reuse)
+    if not seconds >= _ZERO_BELOW:  # (most set-up and transmission times of a reuse)
         return "0"
     if seconds >= 10:
         return f"{seconds:.0f}"
@@ -268,7 +264,11 @@ def delays(
     """``delays=a/b/c/d``: before active, in active, connection set-up, transmission."""
     before = msg.queued_time - msg.qf.arrival_time
     in_active = started - msg.queued_time
+    # fmt_delay's "0" without the call for the times that round to 0.00 (most set-up and
+    # transmission times of a reused session; NaN too, as there)
     return (
-        f"{fmt_delay(before)}/{fmt_delay(in_active)}/"
-        f"{fmt_delay(conn_setup)}/{fmt_delay(transmission)}"
+        f"{fmt_delay(before) if before >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(in_active) if in_active >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(conn_setup) if conn_setup >= _ZERO_BELOW else '0'}/"
+        f"{fmt_delay(transmission) if transmission >= _ZERO_BELOW else '0'}"
     )

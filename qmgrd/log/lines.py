@@ -7,7 +7,9 @@ Contract
 **fields)`` writes (same text in both ``log_format`` values, same bytes to
 ``maillog_file``, a stream, the journal and syslog, same level filtering), at
 a fraction of the CPU. Call sites change ``log.info(...)`` to
-``lines.info(...)`` and nothing else; create the ``LineLog`` once (per
+``lines.info(...)`` and nothing else (the queue manager's recipient lines call
+``lines.outcome(event, queue_id, to, relay, transport, delay, delays, dsn, status,
+reply)``, the same line without the keywords); create the ``LineLog`` once (per
 process or per long-lived object: construction looks at the logger) and reuse
 it. Every other method (``warning``, ``error``, ``bind``, ...) is the wrapped
 logger's, so a ``LineLog`` can stand wherever the logger stood (a context's
@@ -38,8 +40,8 @@ printable, and a line built from raw values is printable exactly when every
 value is, so a line that is not goes through the full renderer. The JSON format
 builds the event dict structlog would (context, fields in call order, event,
 level) and renders it with :func:`qmgrd.log.render.render_json`. The tail (syslog
-prefix, journal fields, where the line goes) is :meth:`LogOutput.finish` and
-:meth:`LogOutput.msg`, shared with structlog's path.
+prefix, journal fields, where the line goes) is :meth:`LogOutput.write_info`: what
+:meth:`LogOutput.finish` and :meth:`LogOutput.msg`, structlog's path, do.
 
 The direct path is taken only while the logger's processor chain is exactly
 ``[LogOutput.render]`` of the output it writes to and the logger's context is
@@ -85,17 +87,25 @@ _OUTCOME_KEYS_BARE = _OUTCOME_KEYS - {"transport"}
 
 
 def _outcome_line(f: dict[str, Any]) -> str | None:
-    """A recipient line with the queue manager's own fields: one format, no lookups by name.
+    """A recipient line with the queue manager's own fields: one format, no lookups by name."""
+    return _outcome_text(
+        f["queue_id"], f["to"], f["relay"], f["delay"], f["delays"], f["dsn"], f["status"],
+        f["reply"],
+    )
+
+
+def _outcome_text(
+    qid: object, to: object, relay: object, delay: object, delays: object, dsn: object,
+    status: object, reply: object,
+) -> str | None:
+    """``_outcome_line`` of the values (None: not this shape, or not printable).
 
     ``{v!s}`` is ``str(v)``, as :func:`qmgrd.log.render.escape` spells a value.
     """
-    to, relay, delay, delays = f["to"], f["relay"], f["delay"], f["delays"]
-    dsn, status, reply = f["dsn"], f["status"], f["reply"]
     if to is None or relay is None or delay is None or delays is None or dsn is None:
         return None
     if status is None:
         return None
-    qid = f["queue_id"]
     if reply is None:
         line = (
             f"{qid!s}: to={to!s}, relay={relay!s}, delay={delay!s}, delays={delays!s}, "
@@ -230,14 +240,17 @@ class LineLog:
     lookups, and ``info`` reads its state on every line.
     """
 
-    __slots__ = ("_log", "info")
+    __slots__ = ("_log", "info", "outcome")
 
     def __init__(self, log: Any) -> None:
         """``log``: a bound logger from ``get_logger`` (anything else is only delegated to)."""
         if isinstance(log, LineLog):
             log = log.logger
         self._log: Any = log
-        self.info: Callable[..., None] = _Lines(log).info
+        lines = _Lines(log)
+        self.info: Callable[..., None] = lines.info
+        # outcome(event, queue_id, to, relay, transport, delay, delays, dsn, status, reply)
+        self.outcome: Callable[..., None] = lines.outcome
 
     def __getattr__(self, name: str) -> Any:
         """Every other method (``warning``, ``error``, ``bind``, ...) is the logger's own."""
@@ -327,9 +340,28 @@ class _Lines:
                 text = render_json(event_dict, now)
             else:
                 text = postfix_message(event_dict)
-        result = output.finish(text, self._component, "info", fields.get("queue_id"), now)
-        if isinstance(result, str):
-            output.msg(result)
-        else:
-            args, meta = result
-            output.msg(*args, **meta)
+        output.write_info(text, self._component, fields.get("queue_id"), now)
+
+    def outcome(
+        self, event: str, queue_id: object, to: object, relay: object, transport: object,
+        delay: object, delays: object, dsn: object, status: object, reply: object, /,
+    ) -> None:
+        """``info(event, queue_id=queue_id, to=to, relay=relay, transport=transport,
+        delay=delay, delays=delays, dsn=dsn, status=status, reply=reply)``, the queue
+        manager's recipient line, without a dict of keywords and its key checks when the
+        Postfix text is written directly; the same bytes (``info``'s own path otherwise)."""
+        if self._enabled and queue_id is not None and event != "NOQUEUE: reject":
+            procs = self._procs
+            if procs is not None and len(procs) == 1 and procs[0] is self._render:
+                output = self._output
+            else:
+                output = self._direct()
+            if output is not None and output.log_format != "json":
+                text = _outcome_text(queue_id, to, relay, delay, delays, dsn, status, reply)
+                if text is not None:
+                    output.write_info(text, self._component, queue_id, output.clock())
+                    return
+        self.info(
+            event, queue_id=queue_id, to=to, relay=relay, transport=transport, delay=delay,
+            delays=delays, dsn=dsn, status=status, reply=reply,
+        )

@@ -195,6 +195,10 @@ class LogOutput:
             return (text,), meta
         if self.path is None or self.log_format == "json":
             return text
+        return self._prefix(component, now) + text
+
+    def _prefix(self, component: object, now: float) -> str:
+        """``stamp host name[pid]: ``, what a ``maillog_file`` line starts with."""
         second = int(now)
         state = self._second
         if state[0] != second:  # the time stamp changes once a second
@@ -207,7 +211,32 @@ class LogOutput:
             prefix = f"{stamp} {self.hostname} {name}[{self._pid}]: "
             if type(component) is str:
                 prefixes[component] = prefix
-        return prefix + text
+        return prefix
+
+    def write_info(self, text: str, component: object, queue_id: object, now: float) -> None:
+        """``msg`` of ``finish(text, component, "info", queue_id, now)``: the tail of
+        :mod:`qmgrd.log.lines`' lines, a ``maillog_file`` line in one call (and ``_file_line``)
+        while its prefix is known for this second."""
+        if self._sink is None and self.path is not None and self.log_format != "json":
+            state = self._second
+            prefix = (
+                state[2].get(component)
+                if state[0] == int(now) and type(component) is str
+                else None
+            )
+            line = (prefix or self._prefix(component, now)) + text
+            with self._lock:
+                if self._file is not None:
+                    self._file_line(line)
+                    return
+            self.msg(line)  # the file is closed: the stream, as msg does
+            return
+        result = self.finish(text, component, "info", queue_id, now)
+        if isinstance(result, str):
+            self.msg(result)
+        else:
+            args, meta = result
+            self.msg(*args, **meta)
 
     def __call__(self, *_args: Any) -> LogOutput:
         """structlog's logger factory: every logger writes through this output."""

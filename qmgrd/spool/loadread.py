@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import BinaryIO
 
+from qmgrd.spool.recformat import _setters
 from qmgrd.spool.records import (
     _HAS_ORCPT,
     _NOTIFY_BITS,
@@ -66,7 +68,7 @@ __all__ = ["LoadedFile", "load_queue_file"]
 _WHOLE = 256 * 1024  # a file this small (or up to ``keep``) is read with one pread
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class LoadedFile:
     """What one read of a queue file gives the load (see the module doc)."""
 
@@ -76,12 +78,46 @@ class LoadedFile:
     next_offset: int  # where the next read resumes (0: all read; 0 after a failure)
     content: bytes | None  # the content when at most ``keep`` bytes
 
+    def __init__(
+        self,
+        qf: QueueFile,
+        mode: int,
+        recipients: list[RecipientRecord] | Exception,
+        next_offset: int,
+        content: bytes | None,
+    ) -> None:
+        """The fields, in order, each slot set directly: one is built per load, and the
+        generated ``__init__`` of a frozen dataclass pays an ``object.__setattr__`` per
+        field (``recformat._setters``). Still frozen, with the generated ``==``/``hash``."""
+        _L_QF(self, qf)
+        _L_MODE(self, mode)
+        _L_RECIPIENTS(self, recipients)
+        _L_NEXT_OFFSET(self, next_offset)
+        _L_CONTENT(self, content)
+
+
+_L_QF, _L_MODE, _L_RECIPIENTS, _L_NEXT_OFFSET, _L_CONTENT = _setters(
+    LoadedFile, "qf mode recipients next_offset content"
+)
+
 
 # The NOTIFY keywords of a recipient's flags byte (bits 0-3), as _decode_recipient builds them.
 _NOTIFY_SETS = tuple(
     frozenset(w for w, bit in _NOTIFY_BITS.items() if flags & bit) for flags in range(16)
 )
 _FIRST = 2 + _SIZE_PAYLOAD_LEN  # offset of the record after the size record
+
+# ``QueueFile`` is a frozen dataclass of 18 fields, built once per load: its generated
+# ``__init__`` pays an ``object.__setattr__`` per field (~26K instructions, callgrind).
+# ``_envelope`` fills this mutable twin instead, made from QueueFile's own fields (the same
+# slots on the same base: CPython lets an instance of one take the other's class), then
+# makes it a QueueFile by one ``__class__`` assignment (~6K in all): the very object
+# ``QueueFile(...)`` would build (its type, ==, hash, repr; frozen).
+# tests/unit/spool/test_record_types.py pins the twin to the class.
+_QueueFileTwin = make_dataclass(
+    "_QueueFileTwin", [f.name for f in dataclass_fields(QueueFile)], slots=True
+)
+_SET_CLASS = object.__setattr__
 
 
 def _header(data: bytes, pos: int) -> tuple[int, int] | None:
@@ -176,7 +212,7 @@ def _envelope(data: bytes, path: Path) -> QueueFile | None:
     ):
         return None
     get = attrs.get
-    return QueueFile(  # positional, in field order: keywords cost a third more here
+    qf = _QueueFileTwin(  # positional, in field order: keywords cost a third more here
         path,
         sender,
         arrival,
@@ -196,6 +232,9 @@ def _envelope(data: bytes, path: Path) -> QueueFile | None:
         warn_time,
         warn_offset,
     )
+    _SET_CLASS(qf, "__class__", QueueFile)  # now the QueueFile itself (_QueueFileTwin)
+    built: QueueFile = qf
+    return built
 
 
 def _recipients(
@@ -212,6 +251,9 @@ def _recipients(
         length = data[pos + 1]
         if length < 0x80:
             start = pos + 2
+        elif pos + 2 < size and data[pos + 2] < 0x80:  # _header of a two-byte length, inlined
+            length = length & 0x7F | data[pos + 2] << 7  # (the content record of 128 B-16 KiB)
+            start = pos + 3
         else:
             header = _header(data, pos)
             if header is None:
@@ -243,14 +285,17 @@ def _recipients(
 
 
 def _first_recipients(
-    f: BinaryIO, size: int, qf: QueueFile, limit: int, data: bytes | None = None
+    f: BinaryIO | None, size: int, qf: QueueFile, limit: int, data: bytes = b""
 ) -> tuple[list[RecipientRecord] | Exception, int]:
-    """The first read's answer (``data``: the whole file, parsed from its bytes if it can)."""
+    """The first read's answer (``data``: the whole file, parsed from its bytes if it can;
+    ``f`` None: a reader over ``data`` is made if the record stream must read it)."""
     try:
-        if data is not None:
+        if data:
             got = _recipients(data, qf.first_recipient_offset, limit)
             if got is not None:
                 return got
+        if f is None:
+            f = io.BytesIO(data)
         return recipients_from(f, size, qf.path, qf.first_recipient_offset, limit)
     except OSError as exc:  # as read_recipients raises it
         return QueueFileIOError(f"{qf.path}: cannot read queue file: {exc.strerror}"), 0
@@ -274,8 +319,11 @@ def load_queue_file(
             if data and len(data) <= st.st_size:
                 os.close(fd)
                 fd = -1
-                f = io.BytesIO(data)
-                qf = _envelope(data, path) or QueueFile.parse(f, path, len(data))
+                f = None  # a reader over ``data`` only for the record stream (module doc)
+                qf = _envelope(data, path)
+                if qf is None:
+                    f = io.BytesIO(data)
+                    qf = QueueFile.parse(f, path, len(data))
                 recipients, next_offset = _first_recipients(f, len(data), qf, rcpt_limit, data)
                 end = qf.content_offset + qf.content_size
                 content = data[qf.content_offset : end] if qf.content_size <= keep else None

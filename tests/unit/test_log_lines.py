@@ -260,6 +260,64 @@ def test_the_hot_lines_match_the_structlog_path(
         _both(target, "qmgr", "removed", {"queue_id": qid})
 
 
+OUTCOME_NAMES = (
+    "queue_id", "to", "relay", "transport", "delay", "delays", "dsn", "status", "reply"
+)
+OUTCOME_FIELDS = st.fixed_dictionaries({name: VALUES for name in OUTCOME_NAMES})
+
+
+def _outcome_args(fields: dict[str, Any]) -> tuple[Any, ...]:
+    """``LineLog.outcome``'s positional arguments for the recipient line ``fields``."""
+    return tuple(fields[name] for name in OUTCOME_NAMES)
+
+
+@pytest.mark.parametrize("destination", DESTINATIONS)
+@pytest.mark.parametrize("log_format", ["postfix", "json"])
+def test_outcome_writes_what_info_writes(
+    tmp_path: Path, log_format: LogFormat, destination: str
+) -> None:
+    """``outcome(event, *values)`` gives the bytes of ``info(event, **fields)`` (and so of
+    structlog's path), for any values: None, unprintable, numbers."""
+    with Target(tmp_path, log_format, destination) as target:
+        lines = LineLog(get_logger("smtp"))
+        for status in ("sent", "deferred", "bounced"):
+            fields = _sent_fields(status=status)
+            lines.info(status, **fields)
+            expected = target.take()
+            lines.outcome(status, *_outcome_args(fields))
+            assert target.take() == expected and expected
+
+        @EXAMPLES
+        @given(event=EVENTS, fields=OUTCOME_FIELDS)
+        def check(event: str, fields: dict[str, Any]) -> None:
+            fields = dict(zip(OUTCOME_NAMES, _outcome_args(fields), strict=True))  # call order
+            lines.info(event, **fields)
+            expected = target.take()
+            lines.outcome(event, *_outcome_args(fields))
+            assert target.take() == expected
+
+        check()
+
+
+def test_outcome_is_captured_as_info_is(tmp_path: Path) -> None:
+    """Under watch_logs ``outcome`` hands the capture info's event, keys in the same order."""
+    Target(tmp_path, "postfix", "stream")
+    lines = LineLog(get_logger("smtp"))
+    with watch_logs() as logs:
+        lines.outcome("sent", *_outcome_args(_sent_fields()))
+        lines.info("sent", **_sent_fields())
+    assert logs[0] == logs[1]
+    assert list(logs[0]) == list(logs[1])
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    class Fake:
+        def info(self, event: str, **fields: Any) -> None:
+            seen.append((event, fields))
+
+    LineLog(Fake()).outcome("sent", *_outcome_args(_sent_fields()))
+    assert seen == [("sent", _sent_fields())]
+
+
 def test_the_recipient_line_has_postfix_order(tmp_path: Path) -> None:
     """The direct path's status=sent line is Postfix's shape, transport left out."""
     target = Target(tmp_path, "postfix", "stream")
@@ -349,3 +407,38 @@ def test_other_methods_are_the_loggers_and_wrapping_twice_is_once(tmp_path: Path
     lines.warning("corrupt queue file", queue_id="4F1", reason="bad record")
     lines.info("removed", queue_id="4F1")
     assert target.take() == (b"warning: 4F1: corrupt queue file, reason=bad record\n4F1: removed\n")
+
+
+def test_file_lines_across_seconds_and_after_close_match_the_structlog_path(
+    tmp_path: Path,
+) -> None:
+    """A maillog_file line gets this second's prefix on both paths (the direct one keeps it
+    per second), and once the file is closed both paths write to the stream."""
+    now = [T0]
+    stream = io.StringIO()
+    path = tmp_path / "maillog"
+    output = configure_logging(
+        "postfix", stream, maillog_file=path, hostname="mx", clock=lambda: now[0]
+    )
+    log = get_logger("qmgr")
+    lines = LineLog(log)
+    for step in (0.0, 0.5, 1.0, 1.25, 60.0):
+        now[0] = T0 + step
+        log.info("removed", queue_id="4F1")
+        lines.info("removed", queue_id="4F1")
+        lines.outcome("sent", *_outcome_args(_sent_fields()))
+        log.info("sent", **_sent_fields())
+    output.flush_pending()
+    written = path.read_text().splitlines()
+    assert len(written) == 20
+    for i in range(0, 20, 4):
+        assert written[i] == written[i + 1] and written[i + 2] == written[i + 3]
+    output.close()
+    log.info("removed", queue_id="4F2")
+    lines.info("removed", queue_id="4F2")
+    lines.outcome("sent", *_outcome_args(_sent_fields()))
+    log.info("sent", **_sent_fields())
+    after = stream.getvalue().splitlines()
+    assert len(after) == 4
+    assert after[0] == after[1] and after[0].endswith(": 4F2: removed")
+    assert after[2] == after[3] and ": 4F9D3C2A1B0E7D6: to=<a@example.com>, " in after[3]
