@@ -1,7 +1,7 @@
-"""Loading: from ``incoming/`` and ``deferred/`` into core, and recipient reads.
+"""Loading: from ``incoming/`` and ``deferred/`` into core.
 
-Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
--------------------------------------------------------------------------
+Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_alloc``)
+---------------------------------------------------------------------
 - ``scan_incoming()`` / ``scan_deferred(now, flush=...)`` list a queue (worker
   thread) and put every id the table does not know in WAITING. A failed scan
   of ``incoming/`` is retried after ``retry_delay`` (``rescan_due``);
@@ -37,16 +37,8 @@ Contract (Postfix's ``qmgr_active_feed`` and ``qmgr_message_realloc``)
   the same records, resume offset and errors a read would give) and, for a small
   message, the content, which its deliveries then send without reading the file
   (``MessageTable.hold_content``, bounded in bytes).
-- ``serve_reads()`` answers the scheduler's read requests: a batch of
-  recipients read from the queue file and resolved to (transport, nexthop,
-  queue). A read the spool refuses makes the file corrupt; a system error on
-  the read (``QueueFileIOError``) defers the message (``4.3.0``, retried);
-  any other failure
-  (a resolver bug, an address nothing expected) is the message's problem: its
-  reading ends, and the finisher defers it with the reason. A message marked
-  by ``qmgrd expire`` (the forced-expire mark, seen at load or set by the
-  operator while in core) reads no recipients: its reading ends at once and
-  the finisher returns it to the sender.
+- ``serve_reads()`` answers the scheduler's read requests: the loader's
+  ``reader`` does (``qmgrd.daemon.reading``), first from the load's read-ahead.
 
 Every failure is logged with the queue id; none leaves a task dead or a
 message unaccounted for in the table. ``InvariantError`` is never caught here.
@@ -59,19 +51,18 @@ from functools import partial
 from pathlib import Path
 
 from qmgrd.core.flow import FLOW_NONE, Flow
-from qmgrd.core.message import ReadRequest, ResolvedRecipient
-from qmgrd.core.resolve import queue_name
 from qmgrd.daemon.admitting import HEAD_CHUNK, flow_or_none, read_flow_facts
 from qmgrd.daemon.context import EngineContext
 from qmgrd.daemon.flows import flow_of, transport_flows
-from qmgrd.daemon.prefetch import PREFETCH, _from_prefetch
-from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked, active_of
+from qmgrd.daemon.prefetch import PREFETCH
+from qmgrd.daemon.reading import RecipientReader
+from qmgrd.daemon.table import ActiveMessage, MessageState, Tracked
 from qmgrd.errors import InvariantError, SpoolError
 from qmgrd.listener.flowgate import FlowFacts
-from qmgrd.spool import QueueFileIOError, RecipientRecord, is_forced_expire
+from qmgrd.spool import QueueFileIOError, is_forced_expire
 from qmgrd.spool.loadread import LoadedFile, load_queue_file
 
-__all__ = ["FEED_BATCH", "PREFETCH", "Loader", "_from_prefetch"]
+__all__ = ["FEED_BATCH", "PREFETCH", "Loader"]
 
 FEED_BATCH = 64  # loads started per engine pass at most
 
@@ -84,7 +75,7 @@ async def _reraise(exc: BaseException) -> None:
 
 
 class Loader:
-    """Scans, feeds the active queue, loads messages and serves recipient reads."""
+    """Scans, feeds the active queue, loads messages; serves recipient reads (``reader``)."""
 
     def __init__(self, ctx: EngineContext) -> None:
         """``ctx``: the engine's shared state."""
@@ -93,6 +84,10 @@ class Loader:
         self.deferred_scan_running = False
         self._fresh: set[str] = set()  # waiting ids a listener has just committed
         self._loads: set[asyncio.Future[_Loaded]] = set()  # file work of loads in flight
+        self.reader = RecipientReader(ctx)
+        # The engine's pass answers read requests through the loader (the reader's method
+        # itself: no call in between).
+        self.serve_reads = self.reader.serve_reads
 
     # ------------------------------------------------------------------ scans
 
@@ -333,105 +328,3 @@ class Loader:
                 "cannot quarantine corrupt queue file", queue_id=queue_id, error=str(exc)
             )
         ctx.table.done(record)
-
-    # ------------------------------------------------------------------ reading
-
-    def serve_reads(self) -> None:
-        """Answer each pending scheduler read request: at once when the load's read-ahead
-        covers it (most messages: no task, no thread hop), else in a task of its own."""
-        for request in self.ctx.scheduler.pop_reads():
-            msg = active_of(request.message)
-            if msg.forced_expire or msg.prefetch is None:
-                self.ctx.spawn(self.read(request))
-                continue
-            try:
-                covered = _from_prefetch(msg, request)
-            except Exception as exc:  # the read-ahead's own failure, reported as a read's
-                self._read_failed(request, msg, exc)
-                continue
-            if covered is None:
-                self.ctx.spawn(self.read(request))
-            else:
-                self._answer(request, msg, *covered)
-
-    async def read(self, request: ReadRequest) -> None:
-        """Read and resolve one batch of recipients (see the module doc)."""
-        ctx = self.ctx
-        msg = active_of(request.message)
-        if msg.forced_expire:
-            # ``qmgrd expire``: deliver nothing more; the finisher returns what is left.
-            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
-            return
-        try:
-            covered = _from_prefetch(msg, request)
-            records, next_offset = covered if covered is not None else await ctx.io.submit(
-                lambda: msg.qf.read_recipients(request.offset, request.limit)
-            )
-        except InvariantError:
-            raise
-        except Exception as exc:
-            self._read_failed(request, msg, exc)
-            return
-        self._answer(request, msg, records, next_offset)
-
-    def _read_failed(self, request: ReadRequest, msg: ActiveMessage, exc: Exception) -> None:
-        """A recipient read failed (see the module doc for what each failure means)."""
-        ctx = self.ctx
-        if isinstance(exc, InvariantError):
-            raise exc
-        if isinstance(exc, QueueFileIOError):
-            # The system failed, not the file: defer the message (4.3.0) and retry it later.
-            self._problem(request, msg, f"cannot read queue file: {exc}", internal=False)
-        elif isinstance(exc, (SpoolError, OSError)):
-            msg.corrupt = str(exc)
-            ctx.log.error("cannot read recipients", queue_id=msg.queue_id, error=str(exc))
-            ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
-        else:
-            self._problem(request, msg, f"cannot read recipients: {exc!r}")
-
-    def _answer(
-        self,
-        request: ReadRequest,
-        msg: ActiveMessage,
-        records: list[RecipientRecord],
-        next_offset: int,
-    ) -> None:
-        """Resolve the recipients read and hand them to the scheduler."""
-        ctx = self.ctx
-        try:
-            sender = msg.qf.sender
-            resolved = [self.resolve(record, sender) for record in records]
-        except InvariantError:
-            raise
-        except Exception as exc:
-            self._problem(request, msg, f"cannot resolve recipients: {exc!r}")
-            return
-        ctx.scheduler.recipients_add(request.message, resolved, next_offset, ctx.clock.now())
-
-    def _problem(
-        self, request: ReadRequest, msg: ActiveMessage, reason: str, *, internal: bool = True
-    ) -> None:
-        """End the message's reading; the finisher defers it with ``reason`` (prefixed with
-        ``internal error:`` when a step failed unexpectedly, rather than the system)."""
-        ctx = self.ctx
-        msg.problem = f"internal error: {reason}" if internal else reason
-        event = "message deferred after an internal error" if internal else (
-            "message deferred after a system error")
-        ctx.log.error(event, queue_id=msg.queue_id, error=reason)
-        ctx.scheduler.recipients_add(request.message, [], 0, ctx.clock.now())
-
-    def resolve(self, record: RecipientRecord, sender: str | None = None) -> ResolvedRecipient:
-        """(transport, nexthop, queue) of one recipient, under the current configuration;
-        ``sender`` (the message's, ``""`` for the null sender) selects a relayhost from
-        ``sender_dependent_relayhost_maps``."""
-        ctx = self.ctx
-        resolved = ctx.resolver.resolve(record.address, sender=sender)
-        params = ctx.transport_params(resolved.transport)
-        name = queue_name(
-            resolved,
-            recipient_limit=params.destination_recipient_limit,
-            recipient_delimiter=ctx.settings.recipient_delimiter,
-        )
-        return ResolvedRecipient(
-            record.address, record.offset, resolved.transport, resolved.nexthop, name, record
-        )

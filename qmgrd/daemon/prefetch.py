@@ -3,7 +3,7 @@
 The load's job reads the first ``PREFETCH`` recipients from the same read as
 the envelope (``qmgrd.spool.loadread``); ``_from_prefetch(msg, request)``
 answers a read request from them (once) exactly as ``read_recipients`` would,
-or says it cannot. See ``qmgrd.daemon.loading``.
+or says it cannot. See ``qmgrd.daemon.loading`` and ``qmgrd.daemon.reading``.
 """
 
 from __future__ import annotations

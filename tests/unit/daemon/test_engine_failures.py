@@ -170,6 +170,41 @@ async def test_shutdown_waits_for_a_load_in_flight(
     assert spool.list_ids("active") == [qid]
 
 
+async def test_a_bug_in_a_load_ending_at_shutdown_still_stops_the_daemon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown settles a load in flight before its last look at the tasks, so a bug in the
+    load's callback (reported through a task) still ends run() with InvariantError. (The
+    load starts once start-up's scans are over: no task of theirs keeps shutdown waiting.)"""
+    engine, spool, clock = _engine(tmp_path, FakeAgent())
+    task = await _run_until_idle(engine)
+    entered, opened = threading.Event(), threading.Event()
+    real = load_queue_file
+
+    def gated(*args: Any) -> Any:
+        entered.set()
+        opened.wait(TIMEOUT)
+        return real(*args)
+
+    def broken(*_args: Any, **_kwargs: Any) -> None:
+        raise InvariantError("broken load")
+
+    monkeypatch.setattr("qmgrd.daemon.loading.load_queue_file", gated)
+    monkeypatch.setattr(engine.ctx.scheduler, "message_create", broken)
+    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+    engine.notify_incoming(qid)
+    assert await asyncio.to_thread(entered.wait, TIMEOUT)
+    assert not engine.tasks.busy
+    engine.stop()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not task.done()
+    opened.set()
+    with pytest.raises(InvariantError, match=r"the daemon stops.*broken load"):
+        await asyncio.wait_for(task, TIMEOUT)
+    assert spool.list_ids("active") == [qid]
+
+
 @dataclass
 class Gate:
     """Blocks the full notice composition (on the composer's thread) until opened."""

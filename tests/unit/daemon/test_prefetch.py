@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from qmgrd.core.message import Message, ReadRequest
 from qmgrd.core.params import READ_BATCH_LIMIT
 from qmgrd.daemon import loading
-from qmgrd.daemon.loading import PREFETCH, Loader, _from_prefetch
+from qmgrd.daemon.loading import PREFETCH
+from qmgrd.daemon.prefetch import _from_prefetch
+from qmgrd.daemon.reading import RecipientReader
 from qmgrd.daemon.table import ActiveMessage
 from qmgrd.spool import Envelope, QueueFile, RecipientSpec, Spool, loadread, mark_done, records
 from qmgrd.spool.loadread import load_queue_file
@@ -73,15 +75,15 @@ def test_prefetch_equals_a_read(
 
 
 def _count_read_tasks(monkeypatch: pytest.MonkeyPatch) -> list[ReadRequest]:
-    """The read requests answered by ``Loader.read`` (a task each), from now on."""
+    """The read requests answered by ``RecipientReader.read`` (a task each), from now on."""
     reads: list[ReadRequest] = []
-    plain_read = Loader.read
+    plain_read = RecipientReader.read
 
-    async def counted(self: Loader, request: ReadRequest) -> None:
+    async def counted(self: RecipientReader, request: ReadRequest) -> None:
         reads.append(request)
         await plain_read(self, request)
 
-    monkeypatch.setattr(Loader, "read", counted)
+    monkeypatch.setattr(RecipientReader, "read", counted)
     return reads
 
 
