@@ -169,8 +169,46 @@ class Session(TransactionIO):
             if self.chan.tls:  # wrapper mode: the handshake was done at accept
                 self._tls_started()
             self.reply(f"220 {self.settings.banner}")
-            await self._serve()
-            await self.flush()
+            # The command loop, here rather than in a coroutine of its own: one level less at
+            # every resume of the session's task.
+            while not self._closing:
+                # next_event's steps, without a coroutine of its own per command
+                event = self.proto.next_event()
+                while event is None:
+                    if self._send():
+                        await self._drain()
+                    data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
+                    if data:
+                        self.proto.receive_data(data)
+                    else:
+                        self.proto.receive_eof()
+                    event = self.proto.next_event()
+                if isinstance(event, Closed):
+                    self._lost()  # the client left without QUIT
+                    break
+                if isinstance(event, LineTooLong):
+                    self.reply("500 5.5.2 Error: command line too long")
+                    self.counts.record("unknown", ok=False)
+                elif isinstance(event, Command):
+                    self.last_verb = event.verb if event.verb.isalpha() else "UNKNOWN"
+                    handler = HANDLERS.get(event.verb)
+                    if handler is None:
+                        self.reply("502 5.5.2 Error: command not recognized")
+                    else:
+                        if event.verb in _JUNK:
+                            self.junk += 1
+                            if self.junk > self.settings.junk_command_limit:
+                                self.errors += 1
+                        self._pending = event.verb
+                        await handler(self, event.arg)
+                        self._pending = None
+                    self.counts.record(event.verb if handler else "unknown", self._ok)
+                if self.errors >= self.settings.hard_error_limit and not self._closing:
+                    self.log.info("too many errors", after=self.last_verb, client=self.client)
+                    self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
+                    self._closing = True
+            else:  # QUIT, 421: the last replies
+                await self.flush()
         except TimeoutError:
             self.log.info("timeout", after=self.last_verb, client=self.client)
         except ssl.SSLError as exc:
@@ -179,7 +217,8 @@ class Session(TransactionIO):
             self._lost()
         finally:
             try:
-                await self.abort_transaction()
+                if self.txn is not None:  # (no coroutine to make and run for nothing)
+                    await self.abort_transaction()
             finally:
                 self.chan.close()
                 if self._pending is not None:  # cut off while handled: a failed command
@@ -198,44 +237,6 @@ class Session(TransactionIO):
     def close(self) -> None:
         """Disconnect now (listener shutdown); ``run`` then cleans up."""
         self.chan.abort()
-
-    async def _serve(self) -> None:
-        while not self._closing:
-            # next_event's steps, without a coroutine of its own per command
-            event = self.proto.next_event()
-            while event is None:
-                if self._send():
-                    await self._drain()
-                data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
-                if data:
-                    self.proto.receive_data(data)
-                else:
-                    self.proto.receive_eof()
-                event = self.proto.next_event()
-            if isinstance(event, Closed):
-                self._lost()  # the client left without QUIT
-                return
-            if isinstance(event, LineTooLong):
-                self.reply("500 5.5.2 Error: command line too long")
-                self.counts.record("unknown", ok=False)
-            elif isinstance(event, Command):
-                self.last_verb = event.verb if event.verb.isalpha() else "UNKNOWN"
-                handler = HANDLERS.get(event.verb)
-                if handler is None:
-                    self.reply("502 5.5.2 Error: command not recognized")
-                else:
-                    if event.verb in _JUNK:
-                        self.junk += 1
-                        if self.junk > self.settings.junk_command_limit:
-                            self.errors += 1
-                    self._pending = event.verb
-                    await handler(self, event.arg)
-                    self._pending = None
-                self.counts.record(event.verb if handler else "unknown", self._ok)
-            if self.errors >= self.settings.hard_error_limit and not self._closing:
-                self.log.info("too many errors", after=self.last_verb, client=self.client)
-                self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
-                self._closing = True
 
     async def next_event(self) -> Event:
         """The protocol's next event, reading (and flushing replies) while it needs data."""
@@ -276,11 +277,12 @@ class Session(TransactionIO):
 
     def _send(self) -> bool:
         """Write the queued replies; True when the client must read before more is written."""
-        chan = self.chan
-        if self._out:
-            chan.write(b"".join(self._out))
-            self._out.clear()
-        return chan.write_buffer_size() > _WRITE_HIGH
+        out = self._out
+        if not out:
+            return self.chan.write_buffer_size() > _WRITE_HIGH
+        buffered = self.chan.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+        return buffered > _WRITE_HIGH
 
     async def _drain(self) -> None:
         async with asyncio.timeout(self.settings.smtpd_timeout):
