@@ -47,8 +47,30 @@ _TICK = 0.001  # seconds: the loop's timer resolution (uvloop's); closer to a de
 class Channel(asyncio.Protocol):
     """Bounded reading and flow-controlled writing over one transport (module docstring)."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = (
+        "__weakref__",  # tests check a lost connection lets the channel go
+        "_chunks",
+        "_closed",
+        "_deadline",
+        "_eof",
+        "_expired",
+        "_flow",
+        "_loop",
+        "_lost",
+        "_paused",
+        "_read_waiter",
+        "_size",
+        "_timer",
+        "_timer_at",
+        "limit",
+        "tls",
+        "transport",
+    )
+
+    def __init__(self, limit: int, *, tls: bool = False) -> None:
+        """``tls``: the transport will be a TLS one (wrapper mode, ``start_tls``)."""
         self.limit = limit
+        self.tls = tls  # this channel runs over TLS
         self.transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()  # as received, oldest first
         self._size = 0  # bytes in _chunks
@@ -96,7 +118,8 @@ class Channel(asyncio.Protocol):
         self._lost = exc
         self._eof = True
         self._wake_reader()
-        self._flow.fail(exc or ConnectionResetError("connection lost"))
+        if self._flow.paused:  # only a paused transport has a writer waiting (drain)
+            self._flow.fail(exc or ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
         self._flow.pause()
@@ -105,11 +128,6 @@ class Channel(asyncio.Protocol):
         self._flow.resume()
 
     # -- the session's side -----------------------------------------------------------
-
-    @property
-    def tls(self) -> bool:
-        """Whether this channel runs over TLS."""
-        return self.get_extra_info("ssl_object") is not None
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """The transport's extra info (``peername``, ``ssl_object``, ...)."""
@@ -180,9 +198,13 @@ class Channel(asyncio.Protocol):
         self._size -= taken
         return b"".join(parts)
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closed:
-            self.transport.write(data)
+    def write(self, data: bytes) -> int:
+        """Queue ``data``; the bytes written and not yet sent (``write_buffer_size``)."""
+        transport = self.transport
+        if transport is None or self._closed:
+            return 0
+        transport.write(data)
+        return transport.get_write_buffer_size()
 
     def write_buffer_size(self) -> int:
         """Bytes written and not yet sent."""
@@ -218,7 +240,7 @@ class Channel(asyncio.Protocol):
             raise ConnectionResetError("connection lost")
         loop = asyncio.get_running_loop()
         await self.drain()
-        fresh = Channel(self.limit)
+        fresh = Channel(self.limit, tls=True)
         self._chunks.clear()  # pipelined clear text: never read (CVE-2011-0411)
         self._size = 0
         tls_transport = await loop.start_tls(
