@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import deque
-from typing import Any, cast
+from typing import Any
 
 from qmgrd.flowcontrol import WriteFlow
 
@@ -67,14 +67,17 @@ class Channel(asyncio.Protocol):
         "transport",
     )
 
-    def __init__(self, limit: int, *, tls: bool = False) -> None:
-        """``tls``: the transport will be a TLS one (wrapper mode, ``start_tls``)."""
+    def __init__(
+        self, limit: int, *, tls: bool = False, loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        """``tls``: the transport will be a TLS one (wrapper mode, ``start_tls``); ``loop``:
+        the transport's (else the running loop at ``connection_made``)."""
         self.limit = limit
         self.tls = tls  # this channel runs over TLS
         self.transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()  # as received, oldest first
         self._size = 0  # bytes in _chunks
-        self._loop: asyncio.AbstractEventLoop | None = None  # the transport's (set on connect)
+        self._loop = loop  # the transport's (else set on connect)
         self._eof = False
         self._lost: BaseException | None = None
         self._closed = False
@@ -89,11 +92,13 @@ class Channel(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
-        self.transport = cast(asyncio.Transport, transport)
+        # uvloop's transports are not asyncio.Transport subclasses (typing.cast's call
+        # would cost as much as the rest of this method).
+        self.transport = transport  # type: ignore[assignment]
         # Called by the loop: looked up once here, not per read (asyncio's lookup
-        # of the running loop costs a getpid system call on Python 3.11).
-        self._loop = asyncio.get_running_loop()
+        # of the running loop costs a getpid system call on Python 3.11), unless given.
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if data:
@@ -240,7 +245,7 @@ class Channel(asyncio.Protocol):
             raise ConnectionResetError("connection lost")
         loop = asyncio.get_running_loop()
         await self.drain()
-        fresh = Channel(self.limit, tls=True)
+        fresh = Channel(self.limit, tls=True, loop=loop)
         self._chunks.clear()  # pipelined clear text: never read (CVE-2011-0411)
         self._size = 0
         tls_transport = await loop.start_tls(

@@ -68,6 +68,7 @@ class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
     __slots__ = (
+        "_cap",
         "_fd_cap",
         "_limited",
         "_loop",
@@ -97,6 +98,7 @@ class ListenerHandle:
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
+        self._cap = min(settings.session_limit, self._fd_cap)  # sessions admitted at most
 
     def _check_cap(self, settings: ListenerSettings) -> None:
         if settings.session_limit > self._fd_cap:
@@ -118,6 +120,7 @@ class ListenerHandle:
             )
         if settings.session_limit != self.settings.session_limit:
             self._check_cap(settings)
+        self._cap = min(settings.session_limit, self._fd_cap)
         self.settings = settings
 
     @property
@@ -136,7 +139,7 @@ class ListenerHandle:
         ctx = self.ctx
         counters = ctx.counters
         ctx.observer.connected()
-        if counters.total >= min(settings.session_limit, self._fd_cap):
+        if counters.total >= self._cap:
             refuse(conn, UNAVAILABLE)
             ctx.observer.rejected("limits")
             self._limited.add()
@@ -144,7 +147,7 @@ class ListenerHandle:
                 get_logger("smtpd").warning(
                     "session limit reached: connection refused",
                     client=f"unknown[{addr}]",
-                    smtpd_session_limit=min(settings.session_limit, self._fd_cap),
+                    smtpd_session_limit=self._cap,
                     count=count,
                 )
             return False
@@ -226,7 +229,7 @@ class ListenerHandle:
         begins or the connection ends before it); the task leaves ``_tasks`` as it ends."""
         try:
             wrapper = settings.tls.context if settings.tls.wrappermode else None
-            chan = Channel(_READ_LIMIT, tls=wrapper is not None)
+            chan = Channel(_READ_LIMIT, tls=wrapper is not None, loop=self._loop)
             try:
                 if wrapper is None:  # no handshake: the transport is up at the loop's next pass
                     await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
