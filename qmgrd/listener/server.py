@@ -48,7 +48,7 @@ from qmgrd.errors import ConfigError
 from qmgrd.listener.accepting import ACCEPT_BATCH, UNAVAILABLE, Acceptor, refuse
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
-from qmgrd.listener.channel import Channel
+from qmgrd.listener.channel import Channel, Deadlines
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import IntakeGate, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
@@ -69,6 +69,7 @@ class ListenerHandle:
 
     __slots__ = (
         "_cap",
+        "_deadlines",
         "_fd_cap",
         "_limited",
         "_loop",
@@ -95,6 +96,7 @@ class ListenerHandle:
         self.settings = settings
         self.owns_shared = True  # wait_closed closes the committer and password pool
         self.acceptor = Acceptor(loop, self._admit)
+        self._deadlines = Deadlines(loop)  # one timer for every session's read deadline
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
@@ -229,7 +231,9 @@ class ListenerHandle:
         begins or the connection ends before it); the task leaves ``_tasks`` as it ends."""
         try:
             wrapper = settings.tls.context if settings.tls.wrappermode else None
-            chan = Channel(_READ_LIMIT, tls=wrapper is not None, loop=self._loop)
+            chan = Channel(
+                _READ_LIMIT, tls=wrapper is not None, loop=self._loop, deadlines=self._deadlines
+            )
             try:
                 if wrapper is None:  # no handshake: the transport is up at the loop's next pass
                     await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
