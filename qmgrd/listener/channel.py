@@ -317,13 +317,15 @@ class Channel(asyncio.Protocol):
         fresh = Channel(self.limit, tls=True, loop=loop, deadlines=self._deadlines)
         self._chunks.clear()  # pipelined clear text: never read (CVE-2011-0411)
         self._size = 0
+        # Read no more, whatever the handshake's outcome: its transport's protocol is the
+        # TLS one from now on, so no connection_lost would take it out of its Deadlines.
+        self._drop_timer()
         tls_transport = await loop.start_tls(
             self.transport, fresh, context, server_side=True, ssl_handshake_timeout=timeout
         )
         if tls_transport is None:  # the loop closed the connection meanwhile
             raise ConnectionResetError("connection closed during the TLS handshake")
         fresh.connection_made(tls_transport)
-        self._drop_timer()  # this channel is read no more
         self.transport = None  # owned by the TLS transport from now on
         return fresh
 
