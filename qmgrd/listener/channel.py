@@ -169,7 +169,8 @@ class Channel(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if data:
-            self._chunks.append(bytes(data))  # bytes already: no copy (a bytearray is copied)
+            # bytes as they come (uvloop's); another buffer type is copied into bytes
+            self._chunks.append(data if type(data) is bytes else bytes(data))
             self._size += len(data)
         if self._size > self.limit and not self._paused and self.transport is not None:
             self._paused = True

@@ -206,13 +206,16 @@ class ServerProtocol:
         if self._pending is not None:
             done, self._pending = self._pending, None
             return done
-        if self.mode is _CLOSED:
+        mode = self.mode
+        if mode is _CLOSED:
             return Closed(in_data=False)  # again: nothing more will come
         event: Event | None
-        if self.mode is _DATA:
+        if mode is _DATA:
             event = self._data_event()
-        elif self.mode is _AUTH:
+        elif mode is _AUTH:
             event = self._line_event(AUTH_LINE_LIMIT)
+        elif not self._buf and not self._eof:  # between commands: nothing to look at
+            return None
         else:
             event = self._line_event(self.command_limit)
         if event is None and self._eof:
