@@ -214,9 +214,21 @@ class ServerProtocol:
             event = self._data_event()
         elif mode is _AUTH:
             event = self._line_event(AUTH_LINE_LIMIT)
-        elif not self._buf and not self._eof:  # between commands: nothing to look at
-            return None
         else:
+            buf = self._buf
+            if not buf and not self._eof:  # between commands: nothing to look at
+                return None
+            end = buf.find(b"\n")
+            if 0 < end <= self.command_limit and buf[end - 1] == 0x0D and not self._discarding:
+                # The usual, inline: one whole CRLF line of a sane length (_line_event's
+                # steps for it; a call less per command).
+                raw = bytes(buf[: end - 1])
+                del buf[: end + 1]
+                bare = _BARE.get(raw)
+                if bare is not None:
+                    return bare
+                verb, _, arg = raw.decode("utf-8", "surrogateescape").partition(" ")
+                return _new(Command, (verb.upper(), arg))  # Command(verb.upper(), arg)
             event = self._line_event(self.command_limit)
         if event is None and self._eof:
             in_data = self.mode is _DATA
