@@ -79,12 +79,14 @@ async def _round(way: str, n: int) -> float:
     else:
 
         async def serve(conn: socket.socket) -> None:
-            await loop.connect_accepted_socket(_Bye, sock=conn)
+            try:
+                await loop.connect_accepted_socket(_Bye, sock=conn)
+            finally:  # the task leaves the set itself, as the listener's do
+                if (task := asyncio.current_task(loop)) is not None:
+                    tasks.discard(task)
 
         def admit(conn: socket.socket, addr: str) -> bool:
-            task = loop.create_task(serve(conn))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks.add(loop.create_task(serve(conn)))
             return True
 
         acceptor = Acceptor(loop, admit, batch=4)  # a listener worker's batch

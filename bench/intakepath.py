@@ -83,7 +83,7 @@ class ScriptedClient(Channel):
         super().__init__(1 << 20)
         self._pieces = list(reversed(pieces))
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> int:
         if data.startswith(b"354"):  # DATA: the client sends the whole message
             while len(self._pieces) > 1:
                 self.data_received(self._pieces.pop())
@@ -91,6 +91,7 @@ class ScriptedClient(Channel):
             self.data_received(self._pieces.pop())
         else:
             self.eof_received()
+        return 0  # nothing waits to be sent
 
 
 class Remover:

@@ -8,7 +8,8 @@ reader callback each) and hands every accepted connection to
 answers False when it refused for lack of capacity (the listener's
 ``ListenerHandle._admit``). Up to ``batch`` connections are accepted per
 wake-up (``ACCEPT_BATCH``; listener worker processes sharing a socket take
-few, so that an idle one gets its share), and no more than wait in the
+few, so that an idle one gets its share; set it before ``listen``: it is
+read when a socket starts being watched), and no more than wait in the
 socket's queue as the kernel counts them (:func:`queued`, Linux; elsewhere
 until ``accept`` says EAGAIN): no ``accept`` is tried while no client waits.
 An accepted socket is a ``socket.socket`` whose ``family`` and ``type`` read
@@ -103,10 +104,12 @@ class Acceptor:
         self.sockets.append(sock)
         counted = queued(sock) >= 0
         self._kinds[sock] = (sock.family, sock.type, sock.proto, counted)
-        self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+        self._watch(sock)
 
-    def _on_readable(self, sock: socket.socket) -> None:
-        self._accept(sock, self.batch)
+    def _watch(self, sock: socket.socket) -> None:
+        """Accept on ``sock`` when it is readable, ``batch`` at most per wake-up (the reader
+        callback is ``_accept`` itself: no call of a method of ours in between)."""
+        self._loop.add_reader(sock.fileno(), self._accept, sock, self.batch)
 
     def _accept(self, sock: socket.socket, count: int) -> int:
         """Accept up to ``count`` connections; after a refusal for capacity, hold (module doc).
@@ -145,7 +148,7 @@ class Acceptor:
         """After a hold: watch the socket again, and answer every client waiting in it."""
         self._held.pop(sock, None)
         if sock.fileno() >= 0:  # not closed meanwhile
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+            self._watch(sock)
             self._accept(sock, ACCEPT_DRAIN)
 
     def room(self) -> None:
@@ -167,7 +170,7 @@ class Acceptor:
 
     def _resume(self, sock: socket.socket) -> None:
         if sock.fileno() >= 0:  # not closed meanwhile
-            self._loop.add_reader(sock.fileno(), self._on_readable, sock)
+            self._watch(sock)
 
     def close(self) -> None:
         """Stop watching the sockets and close them."""

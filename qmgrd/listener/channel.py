@@ -12,15 +12,20 @@ asyncio APIs only and without carrying plaintext across the TLS boundary:
   small chunks (pipelined commands) that fit are joined into one read, a
   chunk of ``_WHOLE`` bytes or more is always read alone (never copied);
 - ``read(n, timeout)`` gives up after ``timeout`` seconds of waiting with
-  TimeoutError. Theory of operation: the channel keeps ONE timer for all
-  its reads (a read sets a new deadline, which only moves later in a normal
-  session), so a read that waits costs no timer set-up and cancel; the timer
-  is re-armed only when it fires before the current deadline (a read that
-  ends before it fires leaves it armed), is dropped when it fires with no
-  read waiting, and is cancelled when the connection is lost or handed to
-  TLS (nothing keeps a closed channel alive). A read still times out
-  ``timeout`` seconds (loop time) after it began to wait, to the loop's
-  timer resolution (``_TICK``: no re-arming for less);
+  TimeoutError. Theory of operation: the reads' deadlines are watched by a
+  :class:`Deadlines`, ONE loop timer for every channel that shares it (a
+  listener's: ``Channel(..., deadlines=)``; else the channel's own), armed
+  at or before the earliest deadline of a waiting read. A read sets its
+  channel's deadline, which only moves later in a normal session, so a read
+  that waits costs no timer set-up and cancel, and a session none: the
+  timer is re-armed only when a read's deadline is earlier than it, or when
+  it fires (then at the earliest deadline still ahead, after failing the
+  reads whose deadline has come; none when no read waits). A channel leaves
+  its ``Deadlines`` when the connection is lost or handed to TLS (nothing
+  keeps a closed channel alive); the timer is cancelled when no channel is
+  left. A read still times out ``timeout`` seconds (loop time) after it
+  began to wait, to the loop's timer resolution (``_TICK``: a deadline that
+  close is due);
 - ``write`` / ``drain`` follow the transport's write flow control;
 - ``start_tls(ctx)`` (server side, ``loop.start_tls``) returns a NEW channel
   on the TLS transport. Bytes the client sent before the handshake stay in
@@ -34,9 +39,10 @@ A channel is never shared between sessions; nothing here reads a clock.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections import deque
-from typing import Any, cast
+from typing import Any
 
 from qmgrd.flowcontrol import WriteFlow
 
@@ -44,15 +50,101 @@ _WHOLE = 4096  # a chunk this big is read on its own: joining it would copy it
 _TICK = 0.001  # seconds: the loop's timer resolution (uvloop's); closer to a deadline is at it
 
 
+class Deadlines:
+    """One loop timer for the read deadlines of every channel that shares it (module doc).
+
+    Invariant: while a watched channel has a read waiting with a deadline, the
+    timer is armed (``armed_at``) no later than that deadline.
+    """
+
+    __slots__ = ("_loop", "_timer", "_watched", "armed_at")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._watched: set[Channel] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self.armed_at = math.inf  # loop time the timer fires (inf: not armed)
+
+    def watch(self, chan: Channel, deadline: float) -> None:
+        """``chan`` has a read waiting until ``deadline`` (its ``_deadline``)."""
+        self._watched.add(chan)
+        chan._watched = True
+        if deadline < self.armed_at:
+            self._arm(deadline)
+
+    def forget(self, chan: Channel) -> None:
+        """``chan`` is read no more; the timer goes with the last channel."""
+        self._watched.discard(chan)
+        chan._watched = False
+        if not self._watched and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self.armed_at = math.inf
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.armed_at = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        """Fail the reads whose deadline has come; arm for the earliest one still ahead."""
+        self._timer = None
+        self.armed_at = math.inf
+        due = self._loop.time() + _TICK
+        ahead = math.inf
+        for chan in list(self._watched):
+            deadline = chan._deadline
+            if deadline is None:  # no read waiting there
+                continue
+            if deadline <= due:
+                chan._expire()
+            elif deadline < ahead:
+                ahead = deadline
+        if ahead < math.inf:
+            self._arm(ahead)
+
+
 class Channel(asyncio.Protocol):
     """Bounded reading and flow-controlled writing over one transport (module docstring)."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = (
+        "__weakref__",  # tests check a lost connection lets the channel go
+        "_chunks",
+        "_closed",
+        "_deadline",
+        "_deadlines",
+        "_eof",
+        "_expired",
+        "_flow",
+        "_loop",
+        "_lost",
+        "_paused",
+        "_read_waiter",
+        "_size",
+        "_watched",
+        "limit",
+        "tls",
+        "transport",
+    )
+
+    def __init__(
+        self,
+        limit: int,
+        *,
+        tls: bool = False,
+        loop: asyncio.AbstractEventLoop | None = None,
+        deadlines: Deadlines | None = None,
+    ) -> None:
+        """``tls``: the transport will be a TLS one (wrapper mode, ``start_tls``); ``loop``:
+        the transport's (else the running loop at ``connection_made``); ``deadlines``: the
+        timer shared with other channels (else one of its own, made on first use)."""
         self.limit = limit
+        self.tls = tls  # this channel runs over TLS
         self.transport: asyncio.Transport | None = None
         self._chunks: deque[bytes] = deque()  # as received, oldest first
         self._size = 0  # bytes in _chunks
-        self._loop: asyncio.AbstractEventLoop | None = None  # the transport's (set on connect)
+        self._loop = loop  # the transport's (else set on connect)
         self._eof = False
         self._lost: BaseException | None = None
         self._closed = False
@@ -60,22 +152,25 @@ class Channel(asyncio.Protocol):
         self._read_waiter: asyncio.Future[None] | None = None
         self._expired = False  # the current read's deadline passed
         self._deadline: float | None = None  # loop time the waiting read gives up (None: never)
-        self._timer: asyncio.TimerHandle | None = None  # armed at _timer_at <= _deadline
-        self._timer_at = 0.0
+        self._deadlines = deadlines  # who watches _deadline
+        self._watched = False  # in _deadlines (from the first read that waits with a deadline)
         self._flow = WriteFlow()  # the transport's write pause
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, hence the cast.
-        self.transport = cast(asyncio.Transport, transport)
+        # uvloop's transports are not asyncio.Transport subclasses (typing.cast's call
+        # would cost as much as the rest of this method).
+        self.transport = transport  # type: ignore[assignment]
         # Called by the loop: looked up once here, not per read (asyncio's lookup
-        # of the running loop costs a getpid system call on Python 3.11).
-        self._loop = asyncio.get_running_loop()
+        # of the running loop costs a getpid system call on Python 3.11), unless given.
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if data:
-            self._chunks.append(bytes(data))  # bytes already: no copy (a bytearray is copied)
+            # bytes as they come (uvloop's); another buffer type is copied into bytes
+            self._chunks.append(data if type(data) is bytes else bytes(data))
             self._size += len(data)
         if self._size > self.limit and not self._paused and self.transport is not None:
             self._paused = True
@@ -96,7 +191,8 @@ class Channel(asyncio.Protocol):
         self._lost = exc
         self._eof = True
         self._wake_reader()
-        self._flow.fail(exc or ConnectionResetError("connection lost"))
+        if self._flow.paused:  # only a paused transport has a writer waiting (drain)
+            self._flow.fail(exc or ConnectionResetError("connection lost"))
 
     def pause_writing(self) -> None:
         self._flow.pause()
@@ -105,11 +201,6 @@ class Channel(asyncio.Protocol):
         self._flow.resume()
 
     # -- the session's side -----------------------------------------------------------
-
-    @property
-    def tls(self) -> bool:
-        """Whether this channel runs over TLS."""
-        return self.get_extra_info("ssl_object") is not None
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         """The transport's extra info (``peername``, ``ssl_object``, ...)."""
@@ -129,9 +220,11 @@ class Channel(asyncio.Protocol):
             self._expired = False
             if timeout is not None:
                 deadline = self._deadline = loop.time() + timeout
-                timer = self._timer
-                if timer is None or self._timer_at > deadline:  # else the timer stays (_watch)
-                    self._watch(loop, deadline)
+                deadlines = self._deadlines
+                if deadlines is None:
+                    deadlines = self._deadlines = Deadlines(loop)
+                if not self._watched or deadline < deadlines.armed_at:  # else it watches on
+                    deadlines.watch(self, deadline)
             try:
                 while not self._size and not self._eof:
                     if self._expired:
@@ -180,9 +273,13 @@ class Channel(asyncio.Protocol):
         self._size -= taken
         return b"".join(parts)
 
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closed:
-            self.transport.write(data)
+    def write(self, data: bytes) -> int:
+        """Queue ``data``; the bytes written and not yet sent (``write_buffer_size``)."""
+        transport = self.transport
+        if transport is None or self._closed:
+            return 0
+        transport.write(data)
+        return transport.get_write_buffer_size()
 
     def write_buffer_size(self) -> int:
         """Bytes written and not yet sent."""
@@ -218,48 +315,32 @@ class Channel(asyncio.Protocol):
             raise ConnectionResetError("connection lost")
         loop = asyncio.get_running_loop()
         await self.drain()
-        fresh = Channel(self.limit)
+        fresh = Channel(self.limit, tls=True, loop=loop, deadlines=self._deadlines)
         self._chunks.clear()  # pipelined clear text: never read (CVE-2011-0411)
         self._size = 0
+        # Read no more, whatever the handshake's outcome: its transport's protocol is the
+        # TLS one from now on, so no connection_lost would take it out of its Deadlines.
+        self._drop_timer()
         tls_transport = await loop.start_tls(
             self.transport, fresh, context, server_side=True, ssl_handshake_timeout=timeout
         )
         if tls_transport is None:  # the loop closed the connection meanwhile
             raise ConnectionResetError("connection closed during the TLS handshake")
         fresh.connection_made(tls_transport)
-        self._drop_timer()  # this channel is read no more
         self.transport = None  # owned by the TLS transport from now on
         return fresh
 
-    def _watch(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-        """Give the waiting read ``deadline``; the timer stays if it fires no later."""
-        self._deadline = deadline
-        timer = self._timer
-        if timer is None or self._timer_at > deadline:
-            if timer is not None:  # a shorter timeout than the last read's
-                timer.cancel()
-            self._timer_at = deadline
-            self._timer = loop.call_at(deadline, self._on_timer, loop)
-
-    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The timer: fail the waiting read at its deadline, else wait on for it."""
-        self._timer = None
-        deadline = self._deadline
-        if deadline is None:  # no read waits: the next one arms the timer again
-            return
-        if loop.time() < deadline - _TICK:  # armed for an earlier read
-            self._timer_at = deadline
-            self._timer = loop.call_at(deadline, self._on_timer, loop)
-            return
+    def _expire(self) -> None:
+        """The waiting read's deadline has come (``Deadlines``): it raises TimeoutError."""
         self._expired = True
         waiter = self._read_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(TimeoutError())
 
     def _drop_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        """This channel is read no more: out of its ``Deadlines``."""
+        if self._watched and self._deadlines is not None:
+            self._deadlines.forget(self)
 
     def _wake_reader(self) -> None:
         waiter = self._read_waiter

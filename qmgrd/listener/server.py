@@ -48,7 +48,7 @@ from qmgrd.errors import ConfigError
 from qmgrd.listener.accepting import ACCEPT_BATCH, UNAVAILABLE, Acceptor, refuse
 from qmgrd.listener.auth import PasswordChecker
 from qmgrd.listener.binding import bind_listener
-from qmgrd.listener.channel import Channel
+from qmgrd.listener.channel import Channel, Deadlines
 from qmgrd.listener.flowgate import NULL_GATE, FlowGate
 from qmgrd.listener.inflow import IntakeGate, RefusalNotes
 from qmgrd.listener.limits import ClientCounters, SharedCounts
@@ -68,6 +68,8 @@ class ListenerHandle:
     """The running listener: its sockets, live sessions, counters and group committer."""
 
     __slots__ = (
+        "_cap",
+        "_deadlines",
         "_fd_cap",
         "_limited",
         "_loop",
@@ -94,9 +96,11 @@ class ListenerHandle:
         self.settings = settings
         self.owns_shared = True  # wait_closed closes the committer and password pool
         self.acceptor = Acceptor(loop, self._admit)
+        self._deadlines = Deadlines(loop)  # one timer for every session's read deadline
         self._fd_cap = fd_session_cap(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._limited = RefusalNotes()  # smtpd_session_limit refusals, logged a second at a time
         self._check_cap(settings)
+        self._cap = min(settings.session_limit, self._fd_cap)  # sessions admitted at most
 
     def _check_cap(self, settings: ListenerSettings) -> None:
         if settings.session_limit > self._fd_cap:
@@ -118,6 +122,7 @@ class ListenerHandle:
             )
         if settings.session_limit != self.settings.session_limit:
             self._check_cap(settings)
+        self._cap = min(settings.session_limit, self._fd_cap)
         self.settings = settings
 
     @property
@@ -136,7 +141,7 @@ class ListenerHandle:
         ctx = self.ctx
         counters = ctx.counters
         ctx.observer.connected()
-        if counters.total >= min(settings.session_limit, self._fd_cap):
+        if counters.total >= self._cap:
             refuse(conn, UNAVAILABLE)
             ctx.observer.rejected("limits")
             self._limited.add()
@@ -144,7 +149,7 @@ class ListenerHandle:
                 get_logger("smtpd").warning(
                     "session limit reached: connection refused",
                     client=f"unknown[{addr}]",
-                    smtpd_session_limit=min(settings.session_limit, self._fd_cap),
+                    smtpd_session_limit=self._cap,
                     count=count,
                 )
             return False
@@ -165,9 +170,14 @@ class ListenerHandle:
             self._refuse_concurrency(conn, addr, counters.sessions(addr) + 1, settings)
             return True  # that client's limit, not this listener's capacity
         counters.connect(addr)
-        task = self._loop.create_task(self._serve(conn, addr, settings, gate, anvil))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        # The task leaves _tasks itself as it ends (_session, _ask_anvil): no done callback,
+        # whose call_soon costs more than the discard.
+        if anvil is None:  # the usual: the session's coroutine is the task's
+            self._tasks.add(self._loop.create_task(self._session(conn, addr, settings, gate)))
+        else:
+            self._tasks.add(
+                self._loop.create_task(self._ask_anvil(conn, addr, settings, gate, anvil))
+            )
         return True
 
     def _refuse_concurrency(
@@ -183,21 +193,18 @@ class ListenerHandle:
         refuse(conn, f"421 4.7.0 {settings.myhostname} Error: too many connections from {addr}")
         self.ctx.observer.rejected("limits")
 
-    async def _serve(
+    async def _ask_anvil(
         self,
         conn: socket.socket,
         addr: str,
         settings: ListenerSettings,
         gate: IntakeGate,
-        anvil: SharedCounts | None = None,
+        anvil: SharedCounts,
     ) -> None:
-        """Serve one connection ``gate`` admitted; with ``anvil`` the client's count is asked
-        there first (every listener process's sessions: ``limits.SharedCounts``; no answer in
-        time: this process's count). ``gate.started()`` once, when the session begins or
-        the connection ends before it."""
-        if anvil is None:
-            await self._session(conn, addr, settings, gate)
-            return
+        """Serve one connection ``gate`` admitted once ``anvil`` allows it: the client's count
+        is asked there first (every listener process's sessions: ``limits.SharedCounts``; no
+        answer in time: this process's count). ``gate.started()`` once, when the session
+        begins or the connection ends before it."""
         served = False
         try:
             count = await anvil.connect(addr)
@@ -214,50 +221,62 @@ class ListenerHandle:
                 conn.close()
                 self.ctx.counters.disconnect(addr)
             anvil.disconnect(addr)
+            if (task := asyncio.current_task(self._loop)) is not None:
+                self._tasks.discard(task)
 
     async def _session(
         self, conn: socket.socket, addr: str, settings: ListenerSettings, gate: IntakeGate
     ) -> None:
-        chan = Channel(_READ_LIMIT)
-        wrapper = settings.tls.context if settings.tls.wrappermode else None
+        """Serve one connection ``gate`` admitted (``gate.started()`` once, when the session
+        begins or the connection ends before it); the task leaves ``_tasks`` as it ends."""
         try:
-            if wrapper is None:  # no handshake: the transport is up at the loop's next pass
-                await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
-            else:
-                async with asyncio.timeout(settings.smtpd_timeout):
-                    await self._loop.connect_accepted_socket(
-                        lambda: chan,
-                        sock=conn,
-                        ssl=wrapper,
-                        ssl_handshake_timeout=settings.smtpd_timeout,
-                    )
-        except (OSError, ssl.SSLError, TimeoutError) as exc:
-            if wrapper is not None:
-                get_logger("smtpd").info(
-                    "SSL_accept error",
-                    client=f"unknown[{addr}]",
-                    reason=getattr(exc, "reason", None) or str(exc) or type(exc).__name__,
-                )
-            conn.close()
-            self.ctx.counters.disconnect(addr)
-            return
-        finally:
-            gate.started()  # began (or never will): no longer pending
-        session = Session(chan, settings, self.ctx, addr)
-        self.sessions.add(session)
-        self.ctx.observer.session_started()
-        try:
-            await session.run()
-        except Exception as exc:  # a bug: it ends this session only, and is reported loudly
-            get_logger("smtpd").error(
-                "internal error in SMTP session", client=session.client, error=repr(exc)
+            wrapper = settings.tls.context if settings.tls.wrappermode else None
+            chan = Channel(
+                _READ_LIMIT, tls=wrapper is not None, loop=self._loop, deadlines=self._deadlines
             )
-            self._loop.call_exception_handler({"message": "SMTP session failed", "exception": exc})
+            try:
+                if wrapper is None:  # no handshake: the transport is up at the loop's next pass
+                    await self._loop.connect_accepted_socket(lambda: chan, sock=conn)
+                else:
+                    async with asyncio.timeout(settings.smtpd_timeout):
+                        await self._loop.connect_accepted_socket(
+                            lambda: chan,
+                            sock=conn,
+                            ssl=wrapper,
+                            ssl_handshake_timeout=settings.smtpd_timeout,
+                        )
+            except (OSError, ssl.SSLError, TimeoutError) as exc:
+                if wrapper is not None:
+                    get_logger("smtpd").info(
+                        "SSL_accept error",
+                        client=f"unknown[{addr}]",
+                        reason=getattr(exc, "reason", None) or str(exc) or type(exc).__name__,
+                    )
+                conn.close()
+                self.ctx.counters.disconnect(addr)
+                return
+            finally:
+                gate.started()  # began (or never will): no longer pending
+            session = Session(chan, settings, self.ctx, addr)
+            self.sessions.add(session)
+            self.ctx.observer.session_started()
+            try:
+                await session.run()
+            except Exception as exc:  # a bug: it ends this session only, and is reported loudly
+                get_logger("smtpd").error(
+                    "internal error in SMTP session", client=session.client, error=repr(exc)
+                )
+                self._loop.call_exception_handler(
+                    {"message": "SMTP session failed", "exception": exc}
+                )
+            finally:
+                self.ctx.observer.session_ended()
+                self.sessions.discard(session)
+                self.ctx.counters.disconnect(addr)
+                self.acceptor.room()  # a client waiting out a hold takes the place
         finally:
-            self.ctx.observer.session_ended()
-            self.sessions.discard(session)
-            self.ctx.counters.disconnect(addr)
-            self.acceptor.room()  # a client waiting out a hold takes the place
+            if (task := asyncio.current_task(self._loop)) is not None:
+                self._tasks.discard(task)  # nothing more to wait for (wait_closed)
 
     # -- stopping -----------------------------------------------------------------------
 

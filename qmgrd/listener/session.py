@@ -79,6 +79,7 @@ _READ_SIZE = 262144  # a whole chunk as the loop delivers it (uvloop: up to 256 
 _WRITE_HIGH = 256 * 1024  # replies buffered in the transport before we wait for the client
 _JUNK = frozenset({"NOOP", "VRFY", "ETRN", "RSET"})
 _NOT_ERRORS = ("421", "452 4.5.3")  # replies that do not count towards the error limit
+_LINES_KEPT = 64  # encoded reply lines a listener keeps (ListenerContext.lines)
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +100,9 @@ class ListenerContext:
     # Bound once, shared by every session and message (a bind per session costs ~10 us).
     log: Any = field(default_factory=lambda: LineLog(get_logger("smtpd")))
     cleanup_log: Any = field(default_factory=lambda: LineLog(get_logger("cleanup")))
+    # Reply lines as sent, by text: most replies are a few constant texts (Session.reply);
+    # emptied when _LINES_KEPT are kept (the "queued as" texts are new every time).
+    lines: dict[str, bytes] = field(default_factory=dict)
 
 
 class Session(TransactionIO):
@@ -106,6 +110,7 @@ class Session(TransactionIO):
 
     __slots__ = (
         "_closing",
+        "_lines",
         "_ok",
         "_out",
         "_pending",
@@ -155,6 +160,7 @@ class Session(TransactionIO):
         self.log = ctx.log
         self.tls: TlsFacts | None = None
         self._out: list[bytes] = []
+        self._lines = ctx.lines
         self._closing = False
         self._ok = False  # the last reply queued was positive (2xx/3xx)
         self._pending: str | None = None  # the command being handled, not yet counted
@@ -169,8 +175,47 @@ class Session(TransactionIO):
             if self.chan.tls:  # wrapper mode: the handshake was done at accept
                 self._tls_started()
             self.reply(f"220 {self.settings.banner}")
-            await self._serve()
-            await self.flush()
+            # The command loop, here rather than in a coroutine of its own: one level less at
+            # every resume of the session's task.
+            while not self._closing:
+                # next_event's steps, without a coroutine of its own per command
+                event = self.proto.next_event()
+                while event is None:
+                    if self._send():
+                        await self._drain()
+                    data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
+                    if data:
+                        self.proto.receive_data(data)
+                    else:
+                        self.proto.receive_eof()
+                    event = self.proto.next_event()
+                if type(event) is Command:  # the usual (a NamedTuple: no subclasses)
+                    verb, arg = event
+                    self.last_verb = verb if verb.isalpha() else "UNKNOWN"
+                    handler = HANDLERS.get(verb)
+                    if handler is None:
+                        self.reply("502 5.5.2 Error: command not recognized")
+                    else:
+                        if verb in _JUNK:
+                            self.junk += 1
+                            if self.junk > self.settings.junk_command_limit:
+                                self.errors += 1
+                        self._pending = verb
+                        await handler(self, arg)
+                        self._pending = None
+                    self.counts.record(verb if handler else "unknown", self._ok)
+                elif isinstance(event, Closed):
+                    self._lost()  # the client left without QUIT
+                    break
+                elif isinstance(event, LineTooLong):
+                    self.reply("500 5.5.2 Error: command line too long")
+                    self.counts.record("unknown", ok=False)
+                if self.errors >= self.settings.hard_error_limit and not self._closing:
+                    self.log.info("too many errors", after=self.last_verb, client=self.client)
+                    self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
+                    self._closing = True
+            else:  # QUIT, 421: the last replies
+                await self.flush()
         except TimeoutError:
             self.log.info("timeout", after=self.last_verb, client=self.client)
         except ssl.SSLError as exc:
@@ -179,7 +224,8 @@ class Session(TransactionIO):
             self._lost()
         finally:
             try:
-                await self.abort_transaction()
+                if self.txn is not None:  # (no coroutine to make and run for nothing)
+                    await self.abort_transaction()
             finally:
                 self.chan.close()
                 if self._pending is not None:  # cut off while handled: a failed command
@@ -199,44 +245,6 @@ class Session(TransactionIO):
         """Disconnect now (listener shutdown); ``run`` then cleans up."""
         self.chan.abort()
 
-    async def _serve(self) -> None:
-        while not self._closing:
-            # next_event's steps, without a coroutine of its own per command
-            event = self.proto.next_event()
-            while event is None:
-                if self._send():
-                    await self._drain()
-                data = await self.chan.read(_READ_SIZE, self.settings.smtpd_timeout)
-                if data:
-                    self.proto.receive_data(data)
-                else:
-                    self.proto.receive_eof()
-                event = self.proto.next_event()
-            if isinstance(event, Closed):
-                self._lost()  # the client left without QUIT
-                return
-            if isinstance(event, LineTooLong):
-                self.reply("500 5.5.2 Error: command line too long")
-                self.counts.record("unknown", ok=False)
-            elif isinstance(event, Command):
-                self.last_verb = event.verb if event.verb.isalpha() else "UNKNOWN"
-                handler = HANDLERS.get(event.verb)
-                if handler is None:
-                    self.reply("502 5.5.2 Error: command not recognized")
-                else:
-                    if event.verb in _JUNK:
-                        self.junk += 1
-                        if self.junk > self.settings.junk_command_limit:
-                            self.errors += 1
-                    self._pending = event.verb
-                    await handler(self, event.arg)
-                    self._pending = None
-                self.counts.record(event.verb if handler else "unknown", self._ok)
-            if self.errors >= self.settings.hard_error_limit and not self._closing:
-                self.log.info("too many errors", after=self.last_verb, client=self.client)
-                self.reply(f"421 4.7.0 {self.settings.myhostname} Error: too many errors")
-                self._closing = True
-
     async def next_event(self) -> Event:
         """The protocol's next event, reading (and flushing replies) while it needs data."""
         while True:
@@ -254,14 +262,21 @@ class Session(TransactionIO):
     def reply(self, text: str) -> None:
         """Queue one reply line (written at the next flush); 4xx/5xx count as errors and are
         reported to the observer (which counts refusals only: nothing else is)."""
-        self._out.append(text.encode("utf-8", "surrogateescape") + b"\r\n")
-        if text[0] in "45":
+        line = self._lines.get(text)
+        if line is None:
+            line = text.encode("utf-8", "surrogateescape") + b"\r\n"
+            if len(self._lines) >= _LINES_KEPT:
+                self._lines.clear()
+            self._lines[text] = line
+        self._out.append(line)
+        code = text[0]
+        if code in "45":
             self._ok = False
             if not text.startswith(_NOT_ERRORS):
                 self.errors += 1
             self.ctx.observer.replied(text)
         else:
-            self._ok = text[0] in "23"
+            self._ok = code in "23"
 
     def reply_lines(self, texts: tuple[str, ...], encoded: bytes) -> None:
         """Queue positive reply lines ``texts``, already encoded together (EHLO's; positive:
@@ -276,11 +291,12 @@ class Session(TransactionIO):
 
     def _send(self) -> bool:
         """Write the queued replies; True when the client must read before more is written."""
-        chan = self.chan
-        if self._out:
-            chan.write(b"".join(self._out))
-            self._out.clear()
-        return chan.write_buffer_size() > _WRITE_HIGH
+        out = self._out
+        if not out:
+            return self.chan.write_buffer_size() > _WRITE_HIGH
+        buffered = self.chan.write(out[0] if len(out) == 1 else b"".join(out))
+        out.clear()
+        return buffered > _WRITE_HIGH
 
     async def _drain(self) -> None:
         async with asyncio.timeout(self.settings.smtpd_timeout):

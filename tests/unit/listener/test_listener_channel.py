@@ -1,16 +1,18 @@
-"""``Channel.read``'s own timer: a silent client times out, a timely one does not."""
+"""``Channel.read``'s timer (its own or a shared ``Deadlines``): a silent client times out,
+a timely one does not."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import weakref
 
 import pytest
 
 from qmgrd.daemon.process import loop_factory
 from qmgrd.listener.channel import _TICK as TICK
-from qmgrd.listener.channel import Channel
+from qmgrd.listener.channel import Channel, Deadlines
 
 
 async def test_read_times_out_when_nothing_arrives() -> None:
@@ -116,3 +118,34 @@ async def test_a_lost_connection_releases_the_channel() -> None:
     del chan
     gc.collect()
     assert ref() is None
+
+
+async def test_channels_sharing_deadlines_time_out_each_at_its_own() -> None:
+    """Two channels on one ``Deadlines``: the silent one times out, the other reads on."""
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    quiet, busy = Channel(1024, deadlines=deadlines), Channel(1024, deadlines=deadlines)
+    loop.call_later(0.1, busy.data_received, b"EHLO x\r\n")
+    began = loop.time()
+    results = await asyncio.gather(
+        quiet.read(100, 0.05), busy.read(100, 0.3), return_exceptions=True
+    )
+    assert isinstance(results[0], TimeoutError) and results[1] == b"EHLO x\r\n"
+    assert loop.time() >= began + 0.1 - TICK
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(busy.read(100, 0.05), 5.0)
+
+
+async def test_deadlines_timer_goes_with_the_last_channel() -> None:
+    """When every channel on a ``Deadlines`` is lost, its timer is cancelled."""
+    loop = asyncio.get_running_loop()
+    deadlines = Deadlines(loop)
+    chans = [Channel(1024, deadlines=deadlines) for _ in range(2)]
+    for chan in chans:
+        loop.call_soon(chan.data_received, b"x")
+        assert await chan.read(100, 300.0) == b"x"  # watched, the timer armed for 300 s
+    assert deadlines.armed_at < math.inf
+    chans[0].connection_lost(None)
+    assert deadlines.armed_at < math.inf  # the other one is still watched
+    chans[1].connection_lost(None)
+    assert deadlines.armed_at == math.inf
