@@ -30,8 +30,10 @@ there, as where /proc/meminfo or the C library's ``syncfs`` is missing, it
 is never used.
 
 ``whole_fs`` and the counters belong to the loop's thread; ``sync`` runs in a
-commit thread (several flights may call it at once: the descriptor is opened
-before the first batch is handed over and never changes until ``close``).
+commit thread (several flights may call it at once: the descriptors are
+opened by the constructor, before any queue file is written, and never
+change until ``close``). A spool root that cannot be opened then (not there
+yet) means an fsync per file for this committer's life.
 """
 
 from __future__ import annotations
@@ -81,25 +83,25 @@ class BatchSync:
         self.limit = limit  # bytes of dirty page cache above which each file is fsynced
         self.syncfs_batches = 0  # batches made durable by one syncfs
         self.fsync_batches = 0  # batches whose files were fsynced one by one
-        self._fd = -1  # the spool's root, opened at the first syncfs batch
-        self._gauge = -1  # /proc/meminfo, opened at the first batch
+        self._fd = -1  # the spool's root: what syncfs is called on
+        self._gauge = -1  # /proc/meminfo
         sysname, release = uname if uname is not None else os.uname()[0:3:2]
         self._syncfs = _libc_syncfs() if syncfs_reports_errors(sysname, release) else None
         if limit > 0 and self._syncfs is not None:
-            with contextlib.suppress(OSError):
+            # Both opened now, before any queue file is written: syncfs reports the
+            # write-back errors that happened since its descriptor was opened, so one
+            # opened after a batch's writes could miss an error of that batch.
+            try:
+                self._fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
                 self._gauge = os.open(meminfo, os.O_RDONLY)
+            except OSError:
+                self.close()
 
     def whole_fs(self) -> bool:
         """On the loop, for the next batch: True if one ``sync`` replaces its files' fsyncs."""
-        if self._gauge < 0 or not self._below_limit():
+        if self._gauge < 0 or self._fd < 0 or not self._below_limit():
             self.fsync_batches += 1
             return False
-        if self._fd < 0:
-            try:
-                self._fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            except OSError:
-                self.fsync_batches += 1
-                return False
         self.syncfs_batches += 1
         return True
 
