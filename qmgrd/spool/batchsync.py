@@ -25,7 +25,12 @@ a descriptor kept open, a few microseconds).
 Errors: since Linux 5.8 ``syncfs`` reports a write-back error of any file of
 the file system that happened since its descriptor last reported one, so a
 queue file whose data could not be written fails its batch (the caller
-discards every file of it). Older kernels return success whatever happened:
+discards every file of it). Each error is reported once per descriptor, so
+two batches' syncfs calls must not race for it: they are serialised, and
+after a failed one every later batch fsyncs its files (each file's own
+fsync reports its own errors) for the rest of the committer's life: a disk
+that failed a write is not trusted with the cheaper way again until a
+restart. Older kernels return success whatever happened:
 there, as where /proc/meminfo or the C library's ``syncfs`` is missing, it
 is never used.
 
@@ -42,6 +47,7 @@ import contextlib
 import ctypes
 import os
 import re
+import threading
 
 __all__ = ["DEFAULT_DIRTY_LIMIT", "BatchSync", "syncfs_reports_errors"]
 
@@ -69,7 +75,17 @@ def _libc_syncfs() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
 class BatchSync:
     """How a commit batch is made durable: one syncfs, or an fsync per file (module doc)."""
 
-    __slots__ = ("_fd", "_gauge", "_syncfs", "fsync_batches", "limit", "root", "syncfs_batches")
+    __slots__ = (
+        "_fd",
+        "_gauge",
+        "_lock",
+        "_syncfs",
+        "failed",
+        "fsync_batches",
+        "limit",
+        "root",
+        "syncfs_batches",
+    )
 
     def __init__(
         self,
@@ -83,6 +99,8 @@ class BatchSync:
         self.limit = limit  # bytes of dirty page cache above which each file is fsynced
         self.syncfs_batches = 0  # batches made durable by one syncfs
         self.fsync_batches = 0  # batches whose files were fsynced one by one
+        self.failed = False  # a syncfs failed: every later batch fsyncs its files
+        self._lock = threading.Lock()  # one syncfs at a time (module doc: errors)
         self._fd = -1  # the spool's root: what syncfs is called on
         self._gauge = -1  # /proc/meminfo
         sysname, release = uname if uname is not None else os.uname()[0:3:2]
@@ -99,7 +117,7 @@ class BatchSync:
 
     def whole_fs(self) -> bool:
         """On the loop, for the next batch: True if one ``sync`` replaces its files' fsyncs."""
-        if self._gauge < 0 or self._fd < 0 or not self._below_limit():
+        if self.failed or self._gauge < 0 or self._fd < 0 or not self._below_limit():
             self.fsync_batches += 1
             return False
         self.syncfs_batches += 1
@@ -112,13 +130,22 @@ class BatchSync:
         except (OSError, ValueError):  # unreadable: fsync, as without the gauge
             return False
 
-    def sync(self) -> None:
-        """In a commit thread: syncfs of the spool's file system; OSError if it fails."""
+    def sync(self) -> bool:
+        """In a commit thread: syncfs of the spool's file system; True once it succeeded.
+
+        False: an earlier syncfs failed, the caller fsyncs each file instead.
+        OSError if this one fails (and from then on ``failed`` is set).
+        """
         if self._syncfs is None or self._fd < 0:
             raise OSError("syncfs of the queue file system is not available")
-        if self._syncfs(self._fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
+        with self._lock:
+            if self.failed:
+                return False
+            if self._syncfs(self._fd) != 0:
+                err = ctypes.get_errno()
+                self.failed = True
+                raise OSError(err, os.strerror(err))
+        return True
 
     def close(self) -> None:
         """Close the descriptors (idempotent; no batch may be in flight)."""

@@ -359,12 +359,14 @@ def commit_writers(
     file's close and temporary name are left to the caller's
     ``QueueFileWriter.release`` (writers already ``finish``ed). ``batch_sync``
     (with ``keep_open`` only): one syncfs of the file system instead of each
-    file's fsync; if it fails, every file is discarded and fails.
+    file's fsync; if it fails, every file is discarded and fails (and after
+    that failure, batches handed one fsync each file: ``BatchSync.sync``).
     """
     results: list[str | SpoolError] = []
+    synced = False  # the files' data and inodes are durable already (one syncfs)
     if batch_sync is not None and keep_open:
         try:
-            batch_sync.sync()
+            synced = batch_sync.sync()  # False: an earlier syncfs failed, fsync each
         except OSError as exc:
             failed = SpoolError(f"queue file write error: {exc.strerror or exc}")
             for writer in writers:
@@ -373,7 +375,7 @@ def commit_writers(
     for writer in writers:
         try:
             if keep_open:
-                if batch_sync is None:
+                if not synced:
                     writer.sync()
                 results.append(writer.publish(keep_open=True))
             else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import os
 import threading
@@ -148,9 +149,9 @@ async def test_a_batch_is_one_syncfs_then_the_links_then_one_directory_fsync(
         events.append(("link", threading.get_ident() == loop_thread))
         real_link(src, dst)
 
-    def syncfs(self: BatchSync) -> None:
+    def syncfs(self: BatchSync) -> bool:
         events.append(("syncfs", threading.get_ident() == loop_thread))
-        real_sync(self)
+        return real_sync(self)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
@@ -175,9 +176,9 @@ async def test_with_the_limit_zero_every_file_is_fsynced(
     calls: list[str] = []
     real_sync = BatchSync.sync
 
-    def syncfs(self: BatchSync) -> None:
+    def syncfs(self: BatchSync) -> bool:
         calls.append("syncfs")
-        real_sync(self)
+        return real_sync(self)
 
     monkeypatch.setattr(BatchSync, "sync", syncfs)
     committer = GroupCommitter(spool, syncfs_dirty_limit=0)
@@ -188,29 +189,42 @@ async def test_with_the_limit_zero_every_file_is_fsynced(
     assert set(ids) == set(spool.list_ids("incoming"))
 
 
-class _FailingSync(BatchSync):
-    """A syncfs that reports a write-back error (EIO), as the kernel does after a failed write."""
+def _eio(fd: int) -> int:
+    """The C library's syncfs after a failed write-back: -1 with errno EIO."""
+    ctypes.set_errno(errno.EIO)
+    return -1
 
-    def sync(self) -> None:
-        raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-
-def test_a_failed_syncfs_fails_and_removes_every_file_of_the_batch(spool: Spool) -> None:
+def test_a_failed_syncfs_fails_its_batch_and_every_later_batch_fsyncs_its_files(
+    spool: Spool, tmp_path: Path
+) -> None:
+    """The batch of the failed syncfs: every file refused and removed. After it the committer
+    no longer trusts syncfs: no whole-fs batch is chosen, and a batch already handed one
+    fsyncs its files (which reports their own errors) and lands."""
+    meminfo = _meminfo(tmp_path / "meminfo", 10)
+    batch_sync = BatchSync(str(spool.root), EVERYTHING, meminfo=meminfo, uname=NEW_KERNEL)
     writers = [_writer(spool, b"body %d\n" % i) for i in range(3)]
-    for writer in writers:
-        writer.finish()
-    failing = _FailingSync(str(spool.root), EVERYTHING)
+    later = [_writer(spool, b"later %d\n" % i) for i in range(2)]
     try:
-        results = commit_writers(spool, writers, keep_open=True, batch_sync=failing)
+        assert batch_sync.whole_fs()
+        real = batch_sync._syncfs
+        batch_sync._syncfs = _eio
+        for writer in writers + later:
+            writer.finish()
+        results = commit_writers(spool, writers, keep_open=True, batch_sync=batch_sync)
+        batch_sync._syncfs = real
+        assert batch_sync.failed and not batch_sync.whole_fs()
+        landed = commit_writers(spool, later, keep_open=True, batch_sync=batch_sync)
     finally:
-        failing.close()
-        for writer in writers:
+        batch_sync.close()
+        for writer in writers + later:
             writer.release()
     assert all(isinstance(r, SpoolError) for r in results) and len(results) == 3
     assert "Input/output error" in str(results[0])
-    assert os.listdir(spool.root / "incoming") == []
+    assert all(isinstance(r, str) for r in landed)
+    assert sorted(os.listdir(spool.root / "incoming")) == sorted(str(r) for r in landed)
     leftovers = [p for p in spool.root.rglob("*") if p.is_file() and p.stat().st_size > 0]
-    assert leftovers == []  # no temporary file of the batch stays behind
+    assert sorted(p.name for p in leftovers) == sorted(str(r) for r in landed)
 
 
 def test_the_root_is_opened_before_any_write_or_never(tmp_path: Path) -> None:
