@@ -8,36 +8,21 @@ class but not to its ``__init__`` would be left unset. These tests fail then.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
-
 import pytest
 
 from qmgrd.core.events import MessageDone
 from qmgrd.core.message import Message, ReadRequest, ResolvedRecipient
 from qmgrd.core.resolve import Resolved
+from tests.support.frozen import assert_complete_and_frozen, assert_constructor_matches_fields
 
 HAND_WRITTEN = (ResolvedRecipient, ReadRequest, Resolved, MessageDone)
 
 
 @pytest.mark.parametrize("cls", HAND_WRITTEN, ids=lambda c: c.__name__)
-def test_constructor_takes_every_field_in_order(cls: type) -> None:
-    """The constructor's parameters are the dataclass fields, in order."""
-    params = list(inspect.signature(cls).parameters)
-    assert params == [f.name for f in dataclasses.fields(cls)]
-
-
-@pytest.mark.parametrize("cls", HAND_WRITTEN, ids=lambda c: c.__name__)
-def test_constructor_defaults_are_the_fields(cls: type) -> None:
-    """Each parameter's default is its field's default (none where the field has none)."""
-    signature = inspect.signature(cls).parameters
-    for f in dataclasses.fields(cls):
-        default = signature[f.name].default
-        if f.default is not dataclasses.MISSING:
-            assert default == f.default, f.name
-        else:
-            assert f.default_factory is dataclasses.MISSING, f.name
-            assert default is inspect.Parameter.empty, f.name
+def test_constructor_takes_every_field_in_order_with_its_default(cls: type) -> None:
+    """The constructor's parameters are the dataclass fields, in order, with their defaults
+    (none where the field has none; no default factories)."""
+    assert_constructor_matches_fields(cls)
 
 
 def test_built_objects_are_complete_frozen_and_compare_by_value() -> None:
@@ -50,12 +35,7 @@ def test_built_objects_are_complete_frozen_and_compare_by_value() -> None:
         MessageDone(msg),
     )
     for obj in objs:
-        for f in dataclasses.fields(obj):
-            getattr(obj, f.name)  # every slot was set
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            setattr(obj, dataclasses.fields(obj)[0].name, None)
-        twin = dataclasses.replace(obj)
-        assert twin == obj and hash(twin) == hash(obj) and twin is not obj
+        assert_complete_and_frozen(obj)
     rr = ResolvedRecipient("a@b.example", 7, "smtp", "b.example", "b.example", payload="p")
     assert rr.payload == "p" and objs[0].payload is None
     assert rr != objs[0]
