@@ -83,7 +83,6 @@ class BatchSync:
         "failed",
         "fsync_batches",
         "limit",
-        "root",
         "syncfs_batches",
     )
 
@@ -95,7 +94,6 @@ class BatchSync:
         meminfo: str = MEMINFO,
         uname: tuple[str, str] | None = None,
     ) -> None:
-        self.root = root
         self.limit = limit  # bytes of dirty page cache above which each file is fsynced
         self.syncfs_batches = 0  # batches made durable by one syncfs
         self.fsync_batches = 0  # batches whose files were fsynced one by one

@@ -34,13 +34,6 @@ def _meminfo(path: Path, dirty_kb: int, writeback_kb: int = 0) -> str:
     return str(path)
 
 
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(tmp_path / "spool")
-    s.ensure_dirs()
-    return s
-
-
 def _writer(spool: Spool, body: bytes) -> QueueFileWriter:
     writer = QueueFileWriter(spool, HEAD)
     writer.add_recipient(RecipientSpec("r@y.test"))
