@@ -142,12 +142,9 @@ async def test_invariant_error_in_a_load_stops_the_daemon(
     assert spool.list_ids("active") == [qid]
 
 
-async def test_shutdown_waits_for_a_load_in_flight(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """run() returns only once a load's file work and its callback are done (no task)."""
-    engine, spool, clock = _engine(tmp_path, FakeAgent())
-    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+def _gate_loads(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold every load in its worker thread: ``entered`` once one is there, it goes on at
+    ``opened``."""
     entered, opened = threading.Event(), threading.Event()
     real = load_queue_file
 
@@ -157,6 +154,16 @@ async def test_shutdown_waits_for_a_load_in_flight(
         return real(*args)
 
     monkeypatch.setattr("qmgrd.daemon.loading.load_queue_file", gated)
+    return entered, opened
+
+
+async def test_shutdown_waits_for_a_load_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """run() returns only once a load's file work and its callback are done (no task)."""
+    engine, spool, clock = _engine(tmp_path, FakeAgent())
+    qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
+    entered, opened = _gate_loads(monkeypatch)
     task = asyncio.create_task(engine.run())
     assert await asyncio.to_thread(entered.wait, TIMEOUT)
     engine.stop()
@@ -178,18 +185,11 @@ async def test_a_bug_in_a_load_ending_at_shutdown_still_stops_the_daemon(
     load starts once start-up's scans are over: no task of theirs keeps shutdown waiting.)"""
     engine, spool, clock = _engine(tmp_path, FakeAgent())
     task = await _run_until_idle(engine)
-    entered, opened = threading.Event(), threading.Event()
-    real = load_queue_file
-
-    def gated(*args: Any) -> Any:
-        entered.set()
-        opened.wait(TIMEOUT)
-        return real(*args)
 
     def broken(*_args: Any, **_kwargs: Any) -> None:
         raise InvariantError("broken load")
 
-    monkeypatch.setattr("qmgrd.daemon.loading.load_queue_file", gated)
+    entered, opened = _gate_loads(monkeypatch)
     monkeypatch.setattr(engine.ctx.scheduler, "message_create", broken)
     qid = _submit(spool, clock, "s@src.test", ["a@a.test"])
     engine.notify_incoming(qid)
