@@ -41,6 +41,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import BinaryIO
 
+from qmgrd.errors import SpoolError
 from qmgrd.spool.recformat import _setters
 from qmgrd.spool.records import (
     _HAS_ORCPT,
@@ -58,6 +59,7 @@ from qmgrd.spool.records import (
     QueueFileIOError,
     RecipientRecord,
     _decode_recipient,
+    _decode_varint,
     encode_varint,
     open_regular_stat,
     recipients_from,
@@ -123,19 +125,12 @@ _SET_CLASS = object.__setattr__
 def _header(data: bytes, pos: int) -> tuple[int, int] | None:
     """(payload length, payload offset) of the record at ``pos``; None where the stream's
     ``header`` would fail (or a length field it reads differently)."""
-    size = len(data)
-    if pos + 2 > size:
+    if pos + 2 > len(data):
         return None
-    p = pos + 1
-    value = shift = 0
-    while p < size and shift <= 63:
-        byte = data[p]
-        p += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, p
-    return None
+    try:  # the varint rule every reader of the format shares (at most 10 bytes)
+        return _decode_varint(data, pos + 1, pos)
+    except SpoolError:
+        return None
 
 
 def _envelope(data: bytes, path: Path) -> QueueFile | None:
